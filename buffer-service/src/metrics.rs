@@ -1,0 +1,81 @@
+//! Names of the buffer's Prometheus metrics, in one place so docs/metrics.md,
+//! dashboards and alert rules have a single source to agree with.
+//!
+//! The core records through the `metrics` facade; whoever runs the buffer
+//! installs an exporter (the `bapo` binary serves `/metrics`).
+
+pub const ROLLOUTS_ACCEPTED: &str = "bapo_buffer_rollouts_accepted_total";
+pub const ROLLOUTS_DUPLICATE: &str = "bapo_buffer_rollouts_duplicate_total";
+pub const REJECTIONS: &str = "bapo_buffer_rejections_total";
+pub const GROUPS_ADMITTED: &str = "bapo_buffer_groups_admitted_total";
+pub const EVICTIONS: &str = "bapo_buffer_evictions_total";
+pub const GROUPS_RETIRED: &str = "bapo_buffer_groups_retired_total";
+pub const GROUP_SAMPLES: &str = "bapo_buffer_group_samples_total";
+pub const GROUPS: &str = "bapo_buffer_groups";
+pub const BYTES: &str = "bapo_buffer_bytes";
+pub const LEARNER_VERSION: &str = "bapo_buffer_learner_version";
+pub const ADMISSION_LIMIT: &str = "bapo_buffer_admission_limit";
+pub const SAMPLED_STALENESS: &str = "bapo_buffer_sampled_staleness";
+pub const GROUP_REUSE: &str = "bapo_buffer_group_reuse";
+pub const BACKPRESSURE_SECONDS: &str = "bapo_buffer_backpressure_wait_seconds";
+pub const PUSH_SECONDS: &str = "bapo_buffer_push_latency_seconds";
+pub const SAMPLE_SECONDS: &str = "bapo_buffer_sample_latency_seconds";
+pub const WAL_BYTES: &str = "bapo_buffer_wal_bytes";
+pub const WAL_FSYNC_SECONDS: &str = "bapo_buffer_wal_fsync_seconds";
+
+/// Registers help texts and units with the installed recorder.
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(ROLLOUTS_ACCEPTED, "Rollouts stored");
+    describe_counter!(
+        ROLLOUTS_DUPLICATE,
+        "Re-sent rollouts acknowledged without storing them again"
+    );
+    describe_counter!(REJECTIONS, "Rollouts refused, by reason");
+    describe_counter!(GROUPS_ADMITTED, "Groups admitted past the admission bounds");
+    describe_counter!(
+        EVICTIONS,
+        "Groups dropped without being fully used, by reason"
+    );
+    describe_counter!(GROUPS_RETIRED, "Groups handed out for the last time");
+    describe_counter!(
+        GROUP_SAMPLES,
+        "Groups handed to the learner (replays included)"
+    );
+    describe_gauge!(
+        GROUPS,
+        Unit::Count,
+        "Groups held, by state (pending = assembling, ready = sampleable)"
+    );
+    describe_gauge!(BYTES, Unit::Bytes, "Heap bytes held by stored rollouts");
+    describe_gauge!(
+        LEARNER_VERSION,
+        "Latest policy version the learner reported"
+    );
+    describe_gauge!(
+        ADMISSION_LIMIT,
+        "(max_staleness + version + 1) * batch_groups: groups admissible so far"
+    );
+    describe_histogram!(
+        SAMPLED_STALENESS,
+        "Learner version minus oldest token version of each group handed out"
+    );
+    describe_histogram!(GROUP_REUSE, "Use count of each group handed out");
+    describe_histogram!(
+        BACKPRESSURE_SECONDS,
+        Unit::Seconds,
+        "Time a new group was held by the admission bounds, by bound"
+    );
+    describe_histogram!(
+        PUSH_SECONDS,
+        Unit::Seconds,
+        "Push stream duration, first message to durable ack"
+    );
+    describe_histogram!(
+        SAMPLE_SECONDS,
+        Unit::Seconds,
+        "Sample request duration, including waiting for groups"
+    );
+    describe_gauge!(WAL_BYTES, Unit::Bytes, "Size of the write-ahead log");
+    describe_histogram!(WAL_FSYNC_SECONDS, Unit::Seconds, "Duration of WAL fsyncs");
+}

@@ -1,0 +1,87 @@
+//! Runs the buffer as a gRPC server: the two bapo services, standard health
+//! checking and reflection, the maintenance task, and graceful shutdown.
+
+use std::{future::Future, time::Duration};
+
+use bapo_proto::{
+    FILE_DESCRIPTOR_SET,
+    v1::{batch_source_server::BatchSourceServer, rollout_sink_server::RolloutSinkServer},
+};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+
+use crate::{
+    Buffer,
+    service::{BatchSourceService, RolloutSinkService},
+};
+
+/// How long in-flight streams get to finish after the shutdown signal.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Serves `buffer` on `listener` until `shutdown` resolves, then stops
+/// accepting, releases held pushes with UNAVAILABLE, lets in-flight calls
+/// finish (up to [`SHUTDOWN_GRACE`]) and flushes the log.
+pub async fn serve(
+    buffer: Buffer,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RolloutSinkServer<RolloutSinkService>>()
+        .await;
+    health
+        .set_serving::<BatchSourceServer<BatchSourceService>>()
+        .await;
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    // Oversize rollouts are refused one by one by the core (naming the
+    // rollout); the transport limit is only the backstop above that.
+    let decode_limit = buffer
+        .config()
+        .max_rollout_bytes
+        .saturating_mul(4)
+        .max(4 << 20);
+    let sink = RolloutSinkServer::new(RolloutSinkService::new(buffer.clone()))
+        .max_decoding_message_size(decode_limit);
+    let source = BatchSourceServer::new(BatchSourceService::new(buffer.clone()))
+        .max_encoding_message_size(usize::MAX);
+    let maintenance = buffer.spawn_maintenance();
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "buffer serving");
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = Server::builder()
+        .tcp_nodelay(true)
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(sink)
+        .add_service(source)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+            let _ = stop_rx.await;
+        });
+    tokio::pin!(server);
+    tokio::select! {
+        res = &mut server => res?,
+        () = shutdown => {
+            tracing::info!("shutting down: no new streams, releasing held pushes");
+            health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+            buffer.release_waiters();
+            let _ = stop_tx.send(());
+            match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
+                Ok(res) => res?,
+                Err(_) => tracing::warn!("in-flight streams outlived the shutdown grace; closing anyway"),
+            }
+        }
+    }
+    drop(maintenance);
+    buffer.close().await?;
+    tracing::info!("buffer stopped; log flushed");
+    Ok(())
+}

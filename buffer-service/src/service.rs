@@ -1,0 +1,195 @@
+//! gRPC services over the core: decode, call [`Buffer`], encode. No policy
+//! lives here.
+
+use std::{pin::Pin, sync::Arc, time::Duration, time::Instant};
+
+use bapo_proto::v1::{
+    self, Batch, PushAck, SampleRequest, StatsRequest, VersionAck, VersionReport,
+    batch_source_server::BatchSource, rollout_sink_server::RolloutSink,
+};
+use futures::Stream;
+use prost::Message;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::{
+    Buffer, BufferError, PushOutcome,
+    eviction::EvictReason,
+    group::{ReadyGroup, SampledGroup},
+    metrics as m, wire,
+};
+
+impl From<BufferError> for Status {
+    fn from(e: BufferError) -> Self {
+        match e {
+            BufferError::Closing => Status::unavailable(e.to_string()),
+            BufferError::NotEnough { .. } => Status::deadline_exceeded(e.to_string()),
+            BufferError::InvalidRequest(_) => Status::invalid_argument(e.to_string()),
+            BufferError::Wal(e) => Status::internal(format!("{e}; the data is not durable, retry")),
+        }
+    }
+}
+
+/// What actors call.
+pub struct RolloutSinkService {
+    buffer: Buffer,
+}
+
+impl RolloutSinkService {
+    pub fn new(buffer: Buffer) -> Self {
+        Self { buffer }
+    }
+}
+
+#[tonic::async_trait]
+impl RolloutSink for RolloutSinkService {
+    async fn push(
+        &self,
+        req: Request<Streaming<v1::Rollout>>,
+    ) -> Result<Response<PushAck>, Status> {
+        let mut stream = req.into_inner();
+        let mut ack = PushAck::default();
+        let mut start = None;
+        // A transport error ends the stream; what was accepted before it
+        // stays accepted, and a re-sent stream is deduplicated.
+        while let Some(msg) = stream.message().await? {
+            start.get_or_insert_with(Instant::now);
+            let len = msg.encoded_len();
+            match self.buffer.push(wire::rollout_from_wire(msg), len).await? {
+                PushOutcome::Accepted => ack.accepted += 1,
+                PushOutcome::Duplicate => ack.duplicates += 1,
+                PushOutcome::Rejected(r) => ack.rejected.push(v1::Rejection {
+                    rollout_id: r.rollout_id,
+                    group_id: r.group_id,
+                    code: r.code.grpc_code(),
+                    reason: r.reason,
+                }),
+            }
+        }
+        self.buffer.sync().await?;
+        ack.learner_version = self.buffer.learner_version();
+        if let Some(start) = start {
+            metrics::histogram!(m::PUSH_SECONDS).record(start.elapsed().as_secs_f64());
+        }
+        Ok(Response::new(ack))
+    }
+}
+
+/// What the learner calls.
+pub struct BatchSourceService {
+    buffer: Buffer,
+}
+
+impl BatchSourceService {
+    pub fn new(buffer: Buffer) -> Self {
+        Self { buffer }
+    }
+
+    async fn take(&self, req: SampleRequest) -> Result<Vec<SampledGroup>, Status> {
+        Ok(self
+            .buffer
+            .sample(
+                req.num_groups as usize,
+                Duration::from_millis(req.timeout_ms as u64),
+                req.allow_partial,
+            )
+            .await?)
+    }
+}
+
+/// Moves a sampled group onto the wire; copies only when the buffer still
+/// shares it (replay modes).
+pub fn group_to_wire(s: SampledGroup) -> v1::Group {
+    let (group_id, sequence, rollouts) = match Arc::try_unwrap(s.group) {
+        Ok(ReadyGroup {
+            id,
+            members,
+            sequence,
+            ..
+        }) => (
+            id,
+            sequence,
+            members.into_iter().map(wire::rollout_to_wire).collect(),
+        ),
+        Err(shared) => (
+            shared.id.clone(),
+            shared.sequence,
+            shared
+                .members
+                .iter()
+                .map(wire::rollout_to_wire_ref)
+                .collect(),
+        ),
+    };
+    v1::Group {
+        group_id,
+        rollouts,
+        staleness: s.staleness,
+        use_count: s.use_count,
+        sequence,
+    }
+}
+
+type GroupStream = Pin<Box<dyn Stream<Item = Result<v1::Group, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl BatchSource for BatchSourceService {
+    async fn sample(&self, req: Request<SampleRequest>) -> Result<Response<Batch>, Status> {
+        let groups = self.take(req.into_inner()).await?;
+        Ok(Response::new(Batch {
+            groups: groups.into_iter().map(group_to_wire).collect(),
+            learner_version: self.buffer.learner_version(),
+        }))
+    }
+
+    type SampleStreamStream = GroupStream;
+
+    async fn sample_stream(
+        &self,
+        req: Request<SampleRequest>,
+    ) -> Result<Response<GroupStream>, Status> {
+        let groups = self.take(req.into_inner()).await?;
+        // Convert lazily: one group's wire copy alive at a time.
+        let stream = futures::stream::iter(groups.into_iter().map(|g| Ok(group_to_wire(g))));
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn report_version(
+        &self,
+        req: Request<VersionReport>,
+    ) -> Result<Response<VersionAck>, Status> {
+        let version = req.into_inner().version;
+        let evicted_stale = self.buffer.report_version(version);
+        Ok(Response::new(VersionAck {
+            version,
+            evicted_stale,
+        }))
+    }
+
+    async fn get_stats(&self, _: Request<StatsRequest>) -> Result<Response<v1::Stats>, Status> {
+        let s = self.buffer.stats();
+        Ok(Response::new(v1::Stats {
+            learner_version: s.learner_version,
+            max_staleness: s.max_staleness,
+            groups_pending: s.groups_pending,
+            groups_ready: s.groups_ready,
+            bytes_held: s.bytes_held,
+            payload_bytes_held: s.bytes_held,
+            rollouts_accepted: s.rollouts_accepted,
+            rollouts_duplicate: s.rollouts_duplicate,
+            rollouts_rejected: s.rollouts_rejected,
+            groups_consumed: s.groups_retired,
+            group_samples: s.group_samples,
+            evictions: EvictReason::ALL
+                .iter()
+                .map(|r| {
+                    (
+                        r.label().to_string(),
+                        s.evictions.get(r.label()).copied().unwrap_or(0),
+                    )
+                })
+                .collect(),
+            admitted_groups: s.admitted_groups,
+            admission_limit: s.admission_limit,
+        }))
+    }
+}

@@ -1,0 +1,262 @@
+//! What makes a rollout unacceptable on its own, before it touches any
+//! shared state. Each check names the rollout, the field and the value, so an
+//! actor author can find the bug from the ack alone.
+
+use crate::rollout::Rollout;
+
+/// gRPC-compatible classification of a refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectCode {
+    /// The rollout is malformed and will never be accepted.
+    InvalidArgument,
+    /// The rollout is well-formed but cannot be accepted in the buffer's
+    /// current state (its group is sealed, it is too stale, ...).
+    FailedPrecondition,
+}
+
+impl RejectCode {
+    /// The `google.rpc.Code` number.
+    pub fn grpc_code(self) -> i32 {
+        match self {
+            RejectCode::InvalidArgument => 3,
+            RejectCode::FailedPrecondition => 9,
+        }
+    }
+}
+
+/// Why one rollout was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub rollout_id: String,
+    pub group_id: String,
+    pub code: RejectCode,
+    /// Metric label: a short, bounded set of values.
+    pub label: &'static str,
+    pub reason: String,
+}
+
+impl Rejection {
+    pub fn new(r: &Rollout, code: RejectCode, label: &'static str, reason: String) -> Self {
+        Self {
+            rollout_id: r.id.clone(),
+            group_id: r.group_id.clone(),
+            code,
+            label,
+            reason: format!("rollout {:?} (group {:?}): {reason}", r.id, r.group_id),
+        }
+    }
+}
+
+/// Limits a rollout is checked against.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_tokens: usize,
+    pub max_rollout_bytes: usize,
+    pub learner_version: u64,
+}
+
+/// Checks one rollout. `encoded_len` is its size on the wire.
+pub fn check(r: &Rollout, encoded_len: usize, limits: Limits) -> Result<(), Rejection> {
+    use RejectCode::*;
+    let reject = |code, label, reason: String| Err(Rejection::new(r, code, label, reason));
+    if encoded_len > limits.max_rollout_bytes {
+        return reject(
+            InvalidArgument,
+            "too_large",
+            format!(
+                "message is {encoded_len} bytes, over the limit of {} bytes",
+                limits.max_rollout_bytes
+            ),
+        );
+    }
+    if r.id.is_empty() {
+        return reject(InvalidArgument, "missing_id", "rollout_id is empty".into());
+    }
+    if r.group_id.is_empty() {
+        return reject(InvalidArgument, "missing_id", "group_id is empty".into());
+    }
+    let n = r.response_tokens.len();
+    if n == 0 {
+        return reject(
+            InvalidArgument,
+            "empty_response",
+            "response_tokens is empty".into(),
+        );
+    }
+    if r.behavior_logprobs.len() != n || r.versions.len() != n {
+        return reject(
+            InvalidArgument,
+            "length_mismatch",
+            format!(
+                "length mismatch: response_tokens has {n}, behavior_logprobs {}, token_versions {}",
+                r.behavior_logprobs.len(),
+                r.versions.len()
+            ),
+        );
+    }
+    if !r.token_rewards.is_empty() && r.token_rewards.len() != n {
+        return reject(
+            InvalidArgument,
+            "length_mismatch",
+            format!(
+                "length mismatch: token_rewards has {}, response_tokens {n}",
+                r.token_rewards.len()
+            ),
+        );
+    }
+    let total = n + r.prompt_tokens.len();
+    if total > limits.max_tokens {
+        return reject(
+            InvalidArgument,
+            "too_many_tokens",
+            format!(
+                "{total} tokens (prompt {} + response {n}) exceed max_tokens = {}",
+                r.prompt_tokens.len(),
+                limits.max_tokens
+            ),
+        );
+    }
+    if let Some((i, lp)) = r
+        .behavior_logprobs
+        .iter()
+        .enumerate()
+        .find(|(_, lp)| !lp.is_finite())
+    {
+        return reject(
+            InvalidArgument,
+            "non_finite",
+            format!("behavior_logprobs[{i}] = {lp} is not finite"),
+        );
+    }
+    if let Some((i, lp)) = r
+        .behavior_logprobs
+        .iter()
+        .enumerate()
+        .find(|&(_, &lp)| lp > 0.0)
+    {
+        return reject(
+            InvalidArgument,
+            "positive_logprob",
+            format!("behavior_logprobs[{i}] = {lp} is > 0 (a log-probability is at most 0)"),
+        );
+    }
+    if !r.reward.is_finite() {
+        return reject(
+            InvalidArgument,
+            "non_finite",
+            format!("reward = {} is not finite", r.reward),
+        );
+    }
+    if let Some((i, x)) = r
+        .token_rewards
+        .iter()
+        .enumerate()
+        .find(|(_, x)| !x.is_finite())
+    {
+        return reject(
+            InvalidArgument,
+            "non_finite",
+            format!("token_rewards[{i}] = {x} is not finite"),
+        );
+    }
+    if let Some(newest) = r.versions.newest()
+        && newest > limits.learner_version
+    {
+        return reject(
+            FailedPrecondition,
+            "future_version",
+            format!(
+                "token_versions holds version {newest}, newer than the learner's version {}",
+                limits.learner_version
+            ),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::{FinishReason, VersionRuns};
+
+    fn rollout() -> Rollout {
+        Rollout {
+            id: "r1".into(),
+            group_id: "g1".into(),
+            prompt_tokens: vec![1, 2, 3].into(),
+            response_tokens: vec![4, 5],
+            behavior_logprobs: vec![-0.5, -1.0],
+            versions: VersionRuns::from_tokens(&[2, 3]),
+            reward: 1.0,
+            token_rewards: vec![],
+            finish_reason: FinishReason::Stop,
+            actor_id: "a".into(),
+            task: "arith".into(),
+            metadata: Default::default(),
+        }
+    }
+
+    const LIMITS: Limits = Limits {
+        max_tokens: 8,
+        max_rollout_bytes: 1000,
+        learner_version: 3,
+    };
+
+    fn label(r: &Rollout, len: usize) -> &'static str {
+        check(r, len, LIMITS).unwrap_err().label
+    }
+
+    #[test]
+    fn good_rollout_passes() {
+        check(&rollout(), 100, LIMITS).unwrap();
+    }
+
+    #[test]
+    fn each_defect_is_named() {
+        let mut r = rollout();
+        r.response_tokens.clear();
+        assert_eq!(label(&r, 10), "empty_response");
+
+        let mut r = rollout();
+        r.behavior_logprobs.pop();
+        let e = check(&r, 10, LIMITS).unwrap_err();
+        assert_eq!(e.label, "length_mismatch");
+        assert!(e.reason.contains("behavior_logprobs 1"), "{}", e.reason);
+        assert!(e.reason.contains("\"r1\""), "{}", e.reason);
+
+        let mut r = rollout();
+        r.behavior_logprobs[1] = f32::NAN;
+        let e = check(&r, 10, LIMITS).unwrap_err();
+        assert!(
+            e.reason.contains("behavior_logprobs[1] = NaN"),
+            "{}",
+            e.reason
+        );
+
+        let mut r = rollout();
+        r.reward = f32::INFINITY;
+        assert_eq!(label(&r, 10), "non_finite");
+
+        let mut r = rollout();
+        r.behavior_logprobs[0] = 0.25;
+        assert_eq!(label(&r, 10), "positive_logprob");
+
+        let mut r = rollout();
+        r.versions = VersionRuns::from_tokens(&[3, 4]);
+        let e = check(&r, 10, LIMITS).unwrap_err();
+        assert_eq!(e.code, RejectCode::FailedPrecondition);
+        assert!(e.reason.contains("version 4"), "{}", e.reason);
+
+        let mut r = rollout();
+        r.response_tokens = vec![1; 6];
+        r.behavior_logprobs = vec![-1.0; 6];
+        r.versions = VersionRuns::from_tokens(&[1; 6]);
+        assert_eq!(label(&r, 10), "too_many_tokens");
+
+        assert_eq!(label(&rollout(), 1001), "too_large");
+
+        let mut r = rollout();
+        r.token_rewards = vec![0.0];
+        assert_eq!(label(&r, 10), "length_mismatch");
+    }
+}

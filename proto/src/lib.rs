@@ -1,0 +1,27 @@
+//! Wire types of bapo, generated from `bapo.proto` (package `bapo.v1`) and the
+//! buffer's log records (`wal.proto`). Nothing here has behaviour: services
+//! and cores live in the crates that own them.
+
+/// Generated code, nested as the protobuf packages are (`bapo.wal.v1`
+/// refers to `bapo.v1` by relative path).
+pub mod bapo {
+    pub mod v1 {
+        tonic::include_proto!("bapo.v1");
+    }
+    pub mod wal {
+        pub mod v1 {
+            tonic::include_proto!("bapo.wal.v1");
+        }
+    }
+}
+
+/// `bapo.v1`: rollouts, groups, and the actor- and learner-facing services.
+pub use bapo::v1;
+/// `bapo.wal.v1`: records of the buffer's write-ahead log.
+pub use bapo::wal::v1 as wal;
+
+/// Encoded `FileDescriptorSet` of every bapo proto, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("bapo_descriptor");
+
+/// Name of the protocol's package, as health checks and reflection see it.
+pub const PACKAGE: &str = "bapo.v1";

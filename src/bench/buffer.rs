@@ -1,0 +1,362 @@
+//! `bapo bench buffer`: the real buffer server over loopback gRPC, with P
+//! concurrent pushers of 1024-token rollouts in groups of 8 and a learner
+//! sampling batches at the same time; then the same payload through Redis
+//! Streams (the queue a user would otherwise pick), side by side.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use bapo_buffer::{Buffer, BufferConfig};
+use bapo_proto::v1::{
+    self, SampleRequest, StatsRequest, VersionReport, batch_source_client::BatchSourceClient,
+    rollout_sink_client::RolloutSinkClient,
+};
+use clap::Args;
+use prost::Message;
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+use tonic::transport::Channel;
+
+use super::{latency::Latencies, redis_streams};
+
+#[derive(Debug, Args)]
+pub struct BufferBenchArgs {
+    /// Concurrent pushers (one connection each).
+    #[arg(long, default_value_t = 4)]
+    pub pushers: usize,
+    /// Seconds per measured phase.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Response tokens per rollout.
+    #[arg(long, default_value_t = 1024)]
+    pub tokens: usize,
+    /// Rollouts per group.
+    #[arg(long, default_value_t = 8)]
+    pub group_size: u32,
+    /// Groups per learner batch.
+    #[arg(long, default_value_t = 8)]
+    pub batch_groups: u32,
+    /// Skip the Redis Streams reference.
+    #[arg(long)]
+    pub no_redis: bool,
+    /// The redis-server binary (Debian package `redis-server`; see
+    /// scripts/install-bench-deps.sh).
+    #[arg(long, default_value = "redis-server")]
+    pub redis_server: PathBuf,
+}
+
+/// One synthetic rollout payload: what an actor would send.
+#[derive(Clone)]
+pub struct Payload {
+    pub prompt: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<f32>,
+}
+
+impl Payload {
+    /// Token ids over a Qwen2-sized vocabulary, log-probs of a sampled
+    /// distribution (mostly near 0, some far below).
+    pub fn new(tokens: usize, seed: u64) -> Self {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        Self {
+            prompt: (0..64).map(|_| rng.random_range(0..151_936)).collect(),
+            tokens: (0..tokens).map(|_| rng.random_range(0..151_936)).collect(),
+            logprobs: (0..tokens)
+                .map(|_| -(rng.random::<f32>().powi(4) * 12.0))
+                .collect(),
+        }
+    }
+
+    /// Token ids, log-probs and versions at 4 bytes each: the payload both
+    /// sides move.
+    pub fn raw_bytes(&self) -> usize {
+        self.tokens.len() * 12
+    }
+}
+
+/// What one measured phase achieved.
+pub struct Phase {
+    pub rollouts: u64,
+    pub seconds: f64,
+    pub acks: Latencies,
+    pub consumed_rollouts: u64,
+}
+
+impl Phase {
+    pub fn rate(&self) -> f64 {
+        self.rollouts as f64 / self.seconds
+    }
+}
+
+fn group_messages(p: &Payload, group: &str, k: u32, version: u64) -> Vec<v1::Rollout> {
+    (0..k)
+        .map(|i| v1::Rollout {
+            rollout_id: format!("{group}-{i}"),
+            group_id: group.to_string(),
+            prompt_tokens: p.prompt.clone(),
+            response_tokens: p.tokens.clone(),
+            behavior_logprobs: p.logprobs.clone(),
+            token_versions: vec![version; p.tokens.len()],
+            reward: (i % 2) as f32,
+            finish_reason: v1::FinishReason::Stop as i32,
+            actor_id: "bench".into(),
+            task: "bench".into(),
+            ..Default::default()
+        })
+        .collect()
+}
+
+async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
+    Ok(Channel::from_shared(format!("http://{addr}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await?)
+}
+
+/// Pushes groups until `deadline`, one push stream per group, optionally
+/// paced to one group per `pace`.
+async fn pusher(
+    addr: SocketAddr,
+    id: usize,
+    args_tokens: usize,
+    k: u32,
+    deadline: Instant,
+    pace: Option<Duration>,
+    version: Arc<AtomicU64>,
+    phase: &str,
+) -> anyhow::Result<(u64, Latencies)> {
+    let mut client =
+        RolloutSinkClient::new(connect(addr).await?).max_encoding_message_size(usize::MAX);
+    let payload = Payload::new(args_tokens, id as u64);
+    let mut lat = Latencies::new();
+    let mut sent = 0u64;
+    let mut ticker = pace.map(|p| {
+        let mut t = tokio::time::interval(p);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
+    let mut g = 0u64;
+    while Instant::now() < deadline {
+        if let Some(t) = &mut ticker {
+            t.tick().await;
+        }
+        let msgs = group_messages(
+            &payload,
+            &format!("{phase}-p{id}-g{g}"),
+            k,
+            version.load(Relaxed),
+        );
+        let t0 = Instant::now();
+        let ack = client.push(tokio_stream::iter(msgs)).await?.into_inner();
+        lat.record(t0.elapsed());
+        if ack.accepted != k as u64 {
+            bail!("push not fully accepted: {ack:?}");
+        }
+        sent += k as u64;
+        g += 1;
+    }
+    Ok((sent, lat))
+}
+
+/// Samples batches and reports a new version after each, until `deadline`.
+async fn learner(
+    addr: SocketAddr,
+    batch_groups: u32,
+    deadline: Instant,
+    version: Arc<AtomicU64>,
+) -> anyhow::Result<u64> {
+    let mut client =
+        BatchSourceClient::new(connect(addr).await?).max_decoding_message_size(usize::MAX);
+    let mut rollouts = 0u64;
+    while Instant::now() < deadline {
+        let batch = client
+            .sample(SampleRequest {
+                num_groups: batch_groups,
+                timeout_ms: 50,
+                allow_partial: true,
+            })
+            .await?
+            .into_inner();
+        if batch.groups.is_empty() {
+            continue;
+        }
+        rollouts += batch
+            .groups
+            .iter()
+            .map(|g| g.rollouts.len() as u64)
+            .sum::<u64>();
+        let v = version.load(Relaxed) + 1;
+        client.report_version(VersionReport { version: v }).await?;
+        version.store(v, Relaxed);
+    }
+    Ok(rollouts)
+}
+
+async fn bapo_phase(
+    args: &BufferBenchArgs,
+    addr: SocketAddr,
+    pace: Option<Duration>,
+    version: Arc<AtomicU64>,
+    name: &str,
+) -> anyhow::Result<Phase> {
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(args.seconds);
+    let learner = tokio::spawn(learner(addr, args.batch_groups, deadline, version.clone()));
+    let mut tasks = Vec::new();
+    for id in 0..args.pushers {
+        let version = version.clone();
+        let (tokens, k, name) = (args.tokens, args.group_size, name.to_string());
+        tasks.push(tokio::spawn(async move {
+            pusher(addr, id, tokens, k, deadline, pace, version, &name).await
+        }));
+    }
+    let mut acks = Latencies::new();
+    let mut rollouts = 0;
+    for t in tasks {
+        let (n, lat) = t.await??;
+        rollouts += n;
+        acks.merge(&lat);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let consumed_rollouts = learner.await??;
+    Ok(Phase {
+        rollouts,
+        seconds,
+        acks,
+        consumed_rollouts,
+    })
+}
+
+pub async fn run(args: BufferBenchArgs) -> anyhow::Result<()> {
+    if args.pushers == 0 || args.tokens == 0 || args.group_size == 0 {
+        bail!("--pushers, --tokens and --group-size must be positive");
+    }
+    let cfg = BufferConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        group_size: args.group_size,
+        min_group_size: 1,
+        batch_groups: args.batch_groups,
+        // The bench measures the data path, not the staleness bound.
+        max_staleness: u32::MAX as u64,
+        capacity_groups: 1024,
+        capacity_bytes: 2 << 30,
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+    let addr = listener.local_addr()?;
+    let buffer = Buffer::open(cfg)?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(bapo_buffer::server::serve(buffer, listener, async {
+        let _ = stop_rx.await;
+    }));
+
+    let sample = Payload::new(args.tokens, 0);
+    let wire = group_messages(&sample, "x", 1, 0)[0].encoded_len();
+    println!(
+        "bapo bench buffer: {} pushers, {}-token rollouts ({:.1} KiB raw payload, {:.1} KiB on the wire), groups of {}, learner sampling {} groups per batch, {} s per phase, {} cores",
+        args.pushers,
+        args.tokens,
+        sample.raw_bytes() as f64 / 1024.0,
+        wire as f64 / 1024.0,
+        args.group_size,
+        args.batch_groups,
+        args.seconds,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+    );
+    let version = Arc::new(AtomicU64::new(0));
+    let peak = bapo_phase(&args, addr, None, version.clone(), "peak").await?;
+    // Half of peak: each pusher sends one group per interval.
+    let groups_per_s = peak.rate() / 2.0 / args.group_size as f64 / args.pushers as f64;
+    let pace = Duration::from_secs_f64(1.0 / groups_per_s.max(1e-3));
+    let half = bapo_phase(&args, addr, Some(pace), version.clone(), "half").await?;
+    let held = held_bytes_per_payload_byte(&args, addr, &sample).await?;
+    let _ = stop_tx.send(());
+    server.await??;
+
+    let redis = if args.no_redis {
+        None
+    } else {
+        match redis_streams::RedisServer::start(&args.redis_server).await? {
+            Some(server) => Some(redis_streams::run(&server, &args).await?),
+            None => {
+                println!(
+                    "redis-server not found at {:?}: Redis Streams reference skipped (install it with scripts/install-bench-deps.sh)",
+                    args.redis_server
+                );
+                None
+            }
+        }
+    };
+
+    let raw = sample.raw_bytes() as f64;
+    println!();
+    println!(
+        "{:<26} {:>11} {:>10} {:>11} {:>11} {:>12}",
+        "", "rollouts/s", "MB/s raw", "p50 ack ms", "p99 ack ms", "consumed/s"
+    );
+    let row = |name: &str, p: &Phase| {
+        println!(
+            "{:<26} {:>11.0} {:>10.1} {:>11.2} {:>11.2} {:>12.0}",
+            name,
+            p.rate(),
+            p.rate() * raw / 1e6,
+            p.acks.ms(0.5),
+            p.acks.ms(0.99),
+            p.consumed_rollouts as f64 / p.seconds
+        );
+    };
+    row("bapo buffer, peak", &peak);
+    row("bapo buffer, 50% of peak", &half);
+    if let Some(r) = &redis {
+        row("redis streams, peak", r);
+    }
+    println!();
+    if let Some(r) = &redis {
+        println!(
+            "bapo / redis streams rollouts/s at {} producers: {:.2}x",
+            args.pushers,
+            peak.rate() / r.rate()
+        );
+    }
+    println!(
+        "ingest: {:.2} GB/s raw payload ({:.2} GB/s on the wire)",
+        peak.rate() * raw / 1e9,
+        peak.rate() * wire as f64 / 1e9
+    );
+    println!("held bytes per raw payload byte: {held:.3}");
+    Ok(())
+}
+
+/// Pushes a known amount with the learner stopped and compares the buffer's
+/// accounted heap bytes with the raw payload.
+async fn held_bytes_per_payload_byte(
+    args: &BufferBenchArgs,
+    addr: SocketAddr,
+    sample: &Payload,
+) -> anyhow::Result<f64> {
+    let mut stats = BatchSourceClient::new(connect(addr).await?);
+    let before = stats.get_stats(StatsRequest {}).await?.into_inner();
+    let mut client =
+        RolloutSinkClient::new(connect(addr).await?).max_encoding_message_size(usize::MAX);
+    let groups = 32;
+    let version = before.learner_version;
+    for g in 0..groups {
+        let msgs = group_messages(sample, &format!("held-g{g}"), args.group_size, version);
+        client
+            .push(tokio_stream::iter(msgs))
+            .await
+            .context("pushing the held-bytes probe")?;
+    }
+    let after = stats.get_stats(StatsRequest {}).await?.into_inner();
+    let payload = (groups * args.group_size as usize * sample.raw_bytes()) as f64;
+    Ok((after.bytes_held - before.bytes_held) as f64 / payload)
+}

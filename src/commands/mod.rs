@@ -1,0 +1,3 @@
+//! One module per `bapo` subcommand.
+
+pub mod buffer;

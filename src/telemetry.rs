@@ -1,0 +1,62 @@
+//! Logging and the Prometheus exporter, shared by every `bapo` command.
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use tracing_subscriber::EnvFilter;
+
+/// Logs to stderr; `RUST_LOG` overrides the default level.
+pub fn init_logging(default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Serves `/metrics` on `addr` for everything recorded in this process.
+/// Latencies get second-scale buckets, staleness and reuse integer ones, so
+/// Prometheus can aggregate them across pods (summaries cannot be).
+pub fn serve_metrics(addr: SocketAddr) -> anyhow::Result<()> {
+    const SECONDS: &[f64] = &[
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+        5.0, 10.0, 30.0, 60.0,
+    ];
+    const COUNTS: &[f64] = &[
+        0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0,
+    ];
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(Matcher::Suffix("seconds".into()), SECONDS)?
+        .set_buckets_for_metric(Matcher::Suffix("staleness".into()), COUNTS)?
+        .set_buckets_for_metric(Matcher::Suffix("reuse".into()), COUNTS)?
+        .install()
+        .with_context(|| format!("serving Prometheus metrics on {addr}"))?;
+    tracing::info!(%addr, "metrics at http://{addr}/metrics");
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM ({e}); Ctrl-C only");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
