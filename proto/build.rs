@@ -16,6 +16,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=bapo.proto");
     println!("cargo:rerun-if-changed=wal.proto");
     tonic_prost_build::configure()
+        // `bytes` fields as `bytes::Bytes`: decoded without copying out of
+        // the receive buffer, cloned by reference count.
+        .bytes(".")
         .file_descriptor_set_path(out.join("bapo_descriptor.bin"))
         .compile_protos(&["bapo.proto", "wal.proto"], &["."])?;
     Ok(())

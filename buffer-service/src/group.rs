@@ -5,6 +5,9 @@
 
 use std::{sync::Arc, time::Instant};
 
+#[cfg(test)]
+use bapo_proto::packed::{pack_f32, pack_u32};
+
 use crate::rollout::Rollout;
 
 /// A group still collecting members.
@@ -107,12 +110,12 @@ mod tests {
         Rollout {
             id: id.into(),
             group_id: "g".into(),
-            prompt_tokens: prompt.into(),
-            response_tokens: vec![1; versions.len()],
-            behavior_logprobs: vec![-1.0; versions.len()],
+            prompt_tokens: pack_u32(&prompt),
+            response_tokens: pack_u32(&vec![1; versions.len()]),
+            behavior_logprobs: pack_f32(&vec![-1.0; versions.len()]),
             versions: VersionRuns::from_tokens(versions),
             reward: 0.0,
-            token_rewards: vec![],
+            token_rewards: Default::default(),
             finish_reason: FinishReason::Stop,
             actor_id: String::new(),
             task: String::new(),
@@ -125,16 +128,11 @@ mod tests {
         let mut g = PendingGroup::new(r("a", vec![7; 100], &[5, 5]), Instant::now());
         let first = g.bytes;
         let added = g.add(r("b", vec![7; 100], &[3, 4]));
-        assert!(Arc::ptr_eq(
-            &g.members[0].prompt_tokens,
-            &g.members[1].prompt_tokens
-        ));
+        let ptr = |g: &PendingGroup, i: usize| g.members[i].prompt_tokens.as_ptr();
+        assert_eq!(ptr(&g, 0), ptr(&g, 1));
         assert_eq!(first - added, 400, "the shared prompt is counted once");
         g.add(r("c", vec![8; 100], &[6]));
-        assert!(!Arc::ptr_eq(
-            &g.members[0].prompt_tokens,
-            &g.members[2].prompt_tokens
-        ));
+        assert_ne!(ptr(&g, 0), ptr(&g, 2));
         assert_eq!(g.oldest_version, 3);
         assert!(g.contains("b") && !g.contains("z"));
     }

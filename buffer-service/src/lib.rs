@@ -14,6 +14,7 @@ pub mod eviction;
 pub mod group;
 pub mod metrics;
 pub mod rate_limit;
+pub mod ready;
 pub mod rollout;
 pub mod sampler;
 pub mod server;

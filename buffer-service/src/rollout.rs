@@ -1,9 +1,16 @@
 //! The buffer's own rollout type: what the core stores, independent of the
-//! wire. The service moves decoded vectors in (no copy), and per-token
-//! versions are kept as runs because a response has one version per weight
-//! update it lived through, not one per token.
+//! wire.
+//!
+//! Per-token arrays are kept in their packed wire layout (`Bytes`, 4 bytes
+//! per value, see `bapo_proto::packed`): handing a group to the learner then
+//! clones reference counts instead of payload, in FIFO and replay modes
+//! alike. Per-token versions are kept as runs, because a response has one
+//! version per weight update it lived through, not one per token.
 
-use std::{collections::HashMap, sync::Arc};
+use std::collections::HashMap;
+
+use bapo_proto::packed;
+use bytes::Bytes;
 
 /// Why a response stopped (mirrors `bapo.v1.FinishReason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -25,16 +32,24 @@ pub struct VersionRuns {
 
 impl VersionRuns {
     pub fn from_tokens(versions: &[u64]) -> Self {
+        Self::from_iter(versions.iter().copied())
+    }
+
+    /// From a packed u32 field (its length already checked).
+    pub fn from_packed(b: &[u8]) -> Self {
+        Self::from_iter(packed::u32s(b).map(u64::from))
+    }
+
+    fn from_iter(versions: impl Iterator<Item = u64>) -> Self {
         let mut runs: Vec<(u32, u64)> = Vec::with_capacity(2);
-        for (i, &v) in versions.iter().enumerate() {
+        let mut len = 0u32;
+        for v in versions {
             if runs.last().is_none_or(|&(_, last)| last != v) {
-                runs.push((i as u32, v));
+                runs.push((len, v));
             }
+            len += 1;
         }
-        Self {
-            runs,
-            len: versions.len() as u32,
-        }
+        Self { runs, len }
     }
 
     pub fn len(&self) -> usize {
@@ -68,6 +83,20 @@ impl VersionRuns {
         out
     }
 
+    /// Packed u32 LE, one value per token, for the wire. Versions beyond
+    /// u32 never reach the store (validation bounds them by the learner's).
+    pub fn to_packed(&self) -> Bytes {
+        let mut out = vec![0u8; self.len() * 4];
+        for (k, &(start, v)) in self.runs.iter().enumerate() {
+            let end = self.runs.get(k + 1).map_or(self.len, |&(s, _)| s);
+            let bytes = (v as u32).to_le_bytes();
+            for chunk in out[start as usize * 4..end as usize * 4].chunks_exact_mut(4) {
+                chunk.copy_from_slice(&bytes);
+            }
+        }
+        out.into()
+    }
+
     fn heap_bytes(&self) -> usize {
         self.runs.capacity() * std::mem::size_of::<(u32, u64)>()
     }
@@ -78,13 +107,16 @@ impl VersionRuns {
 pub struct Rollout {
     pub id: String,
     pub group_id: String,
-    /// Shared between the members of a group when they carry the same prompt.
-    pub prompt_tokens: Arc<[u32]>,
-    pub response_tokens: Vec<u32>,
-    pub behavior_logprobs: Vec<f32>,
+    /// u32 LE; shared between the members of a group with the same prompt.
+    pub prompt_tokens: Bytes,
+    /// u32 LE.
+    pub response_tokens: Bytes,
+    /// f32 LE.
+    pub behavior_logprobs: Bytes,
     pub versions: VersionRuns,
     pub reward: f32,
-    pub token_rewards: Vec<f32>,
+    /// f32 LE, empty or one per response token.
+    pub token_rewards: Bytes,
     pub finish_reason: FinishReason,
     pub actor_id: String,
     pub task: String,
@@ -96,7 +128,7 @@ impl Rollout {
     /// with an earlier member of its group.
     pub fn heap_bytes(&self, count_prompt: bool) -> usize {
         let prompt = if count_prompt {
-            self.prompt_tokens.len() * 4
+            self.prompt_tokens.len()
         } else {
             0
         };
@@ -109,10 +141,10 @@ impl Rollout {
             + self.id.capacity()
             + self.group_id.capacity()
             + prompt
-            + self.response_tokens.capacity() * 4
-            + self.behavior_logprobs.capacity() * 4
+            + self.response_tokens.len()
+            + self.behavior_logprobs.len()
             + self.versions.heap_bytes()
-            + self.token_rewards.capacity() * 4
+            + self.token_rewards.len()
             + self.actor_id.capacity()
             + self.task.capacity()
             + meta
@@ -120,6 +152,15 @@ impl Rollout {
 
     pub fn oldest_version(&self) -> u64 {
         self.versions.oldest().unwrap_or(0)
+    }
+
+    /// Response length in tokens.
+    pub fn len(&self) -> usize {
+        self.response_tokens.len() / 4
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.response_tokens.is_empty()
     }
 }
 
@@ -138,6 +179,8 @@ mod tests {
         ] {
             let runs = VersionRuns::from_tokens(&v);
             assert_eq!(runs.expand(), v);
+            let packed = runs.to_packed();
+            assert_eq!(VersionRuns::from_packed(&packed), runs);
             assert_eq!(runs.len(), v.len());
             assert_eq!(runs.oldest(), v.iter().copied().min());
             assert_eq!(runs.newest(), v.iter().copied().max());

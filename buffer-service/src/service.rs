@@ -1,7 +1,7 @@
 //! gRPC services over the core: decode, call [`Buffer`], encode. No policy
 //! lives here.
 
-use std::{pin::Pin, sync::Arc, time::Duration, time::Instant};
+use std::{pin::Pin, time::Duration, time::Instant};
 
 use bapo_proto::v1::{
     self, Batch, PushAck, SampleRequest, StatsRequest, VersionAck, VersionReport,
@@ -12,10 +12,8 @@ use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
-    Buffer, BufferError, PushOutcome,
-    eviction::EvictReason,
-    group::{ReadyGroup, SampledGroup},
-    metrics as m, wire,
+    Buffer, BufferError, PushOutcome, eviction::EvictReason, group::SampledGroup, metrics as m,
+    wire,
 };
 
 impl From<BufferError> for Status {
@@ -54,7 +52,11 @@ impl RolloutSink for RolloutSinkService {
         while let Some(msg) = stream.message().await? {
             start.get_or_insert_with(Instant::now);
             let len = msg.encoded_len();
-            match self.buffer.push(wire::rollout_from_wire(msg), len).await? {
+            let outcome = match wire::rollout_from_wire(msg) {
+                Ok(r) => self.buffer.push(r, len).await?,
+                Err(rejection) => self.buffer.refuse(rejection),
+            };
+            match outcome {
                 PushOutcome::Accepted => ack.accepted += 1,
                 PushOutcome::Duplicate => ack.duplicates += 1,
                 PushOutcome::Rejected(r) => ack.rejected.push(v1::Rejection {
@@ -96,36 +98,14 @@ impl BatchSourceService {
     }
 }
 
-/// Moves a sampled group onto the wire; copies only when the buffer still
-/// shares it (replay modes).
+/// Puts a sampled group on the wire; payload arrays are shared, not copied.
 pub fn group_to_wire(s: SampledGroup) -> v1::Group {
-    let (group_id, sequence, rollouts) = match Arc::try_unwrap(s.group) {
-        Ok(ReadyGroup {
-            id,
-            members,
-            sequence,
-            ..
-        }) => (
-            id,
-            sequence,
-            members.into_iter().map(wire::rollout_to_wire).collect(),
-        ),
-        Err(shared) => (
-            shared.id.clone(),
-            shared.sequence,
-            shared
-                .members
-                .iter()
-                .map(wire::rollout_to_wire_ref)
-                .collect(),
-        ),
-    };
     v1::Group {
-        group_id,
-        rollouts,
+        group_id: s.group.id.clone(),
+        rollouts: s.group.members.iter().map(wire::rollout_to_wire).collect(),
         staleness: s.staleness,
         use_count: s.use_count,
-        sequence,
+        sequence: s.group.sequence,
     }
 }
 

@@ -40,10 +40,11 @@ use crate::{
     group::{PendingGroup, ReadyGroup, SampledGroup, Slot},
     metrics as m,
     rate_limit::RateLimiter,
+    ready::ReadyStore,
     rollout::Rollout,
-    sampler::{self, Sampler},
+    sampler,
     validate::{self, Limits, RejectCode, Rejection},
-    wal::{self, Wal, WalError},
+    wal::{Wal, WalError},
     wire,
 };
 
@@ -91,14 +92,6 @@ pub struct Stats {
 #[derive(Clone)]
 pub struct Buffer {
     inner: Arc<Inner>,
-}
-
-struct ReadyStore {
-    /// Sampleable groups, oldest first, with their use counts.
-    groups: VecDeque<(Arc<ReadyGroup>, u32)>,
-    next_sequence: u64,
-    sampler: Box<dyn Sampler>,
-    rng: SmallRng,
 }
 
 #[derive(Default)]
@@ -170,12 +163,10 @@ impl Buffer {
             version: AtomicU64::new(0),
             groups: DashMap::new(),
             pending: AtomicU64::new(0),
-            ready: Mutex::new(ReadyStore {
-                groups: VecDeque::new(),
-                next_sequence: 0,
-                sampler: sampler::from_config(&cfg),
-                rng: SmallRng::seed_from_u64(cfg.seed),
-            }),
+            ready: Mutex::new(ReadyStore::new(
+                sampler::from_config(&cfg),
+                SmallRng::seed_from_u64(cfg.seed),
+            )),
             ledger: Mutex::new(Ledger::default()),
             bytes: AtomicU64::new(0),
             tombstones: Mutex::new(VecDeque::new()),
@@ -199,6 +190,12 @@ impl Buffer {
         }
         buffer.inner.publish_gauges();
         Ok(buffer)
+    }
+
+    /// Counts a rollout refused before it reached [`Buffer::push`] (the
+    /// service could not even read it).
+    pub fn refuse(&self, rejection: Rejection) -> PushOutcome {
+        self.inner.reject(rejection)
     }
 
     pub fn config(&self) -> &BufferConfig {
@@ -250,7 +247,7 @@ impl Buffer {
             let rollout = r.take().expect("rollout is only taken on success");
             match inner.groups.entry(rollout.group_id.clone()) {
                 Entry::Vacant(v) => {
-                    let rollout = inner.log_rollout(rollout);
+                    inner.log_rollout(&rollout);
                     let id = v.key().clone();
                     let group = PendingGroup::new(rollout, Instant::now());
                     inner.bytes.fetch_add(group.bytes, Relaxed);
@@ -329,7 +326,10 @@ impl Buffer {
         Ok(out)
     }
 
-    /// Records the learner's version; evicts what it made too stale.
+    /// Records the learner's version and evicts the ready groups it made too
+    /// stale (pending ones go at the next [`Buffer::sweep`], within a
+    /// second, or when their next member arrives: scanning every group id on
+    /// each version would cost more than they hold).
     pub fn report_version(&self, version: u64) -> u64 {
         let inner = &*self.inner;
         let old = inner.version.swap(version, Relaxed);
@@ -341,27 +341,36 @@ impl Buffer {
             );
         }
         inner.log(Kind::Version(walpb::Version { version }));
-        let evicted = inner.evict_stale();
+        let evicted = {
+            let mut ready = inner.ready.lock();
+            inner.evict_stale_ready(&mut ready, version)
+        };
         inner.publish_gauges();
         inner.changed.notify_waiters();
         evicted
     }
 
-    /// Seals timed-out pending groups (ready with at least `min_group_size`
-    /// members, evicted otherwise) and prunes old tombstones.
+    /// Evicts stale pending groups, seals timed-out ones (ready with at
+    /// least `min_group_size` members, evicted otherwise) and prunes old
+    /// tombstones.
     pub fn sweep(&self, now: Instant) {
         let inner = &*self.inner;
         let timeout = inner.cfg.group_timeout();
-        let expired: Vec<String> = inner
-            .groups
-            .iter()
-            .filter_map(|e| match e.value() {
-                Slot::Pending(p) if now.duration_since(p.created) >= timeout => {
-                    Some(e.key().clone())
+        let version = inner.version.load(Relaxed);
+        let mut stale = Vec::new();
+        let mut expired = Vec::new();
+        for e in inner.groups.iter() {
+            if let Slot::Pending(p) = e.value() {
+                if eviction::is_stale(version, p.oldest_version, inner.cfg.max_staleness) {
+                    stale.push(e.key().clone());
+                } else if now.duration_since(p.created) >= timeout {
+                    expired.push(e.key().clone());
                 }
-                _ => None,
-            })
-            .collect();
+            }
+        }
+        for id in stale {
+            inner.evict_pending(&id, EvictReason::Stale);
+        }
         for id in expired {
             let Some(mut slot) = inner.groups.get_mut(&id) else {
                 continue;
@@ -417,7 +426,7 @@ impl Buffer {
 
     pub fn stats(&self) -> Stats {
         let inner = &*self.inner;
-        let ready = inner.ready.lock().groups.len() as u64;
+        let ready = inner.ready.lock().len() as u64;
         let ledger = inner.ledger.lock().clone();
         let version = inner.version.load(Relaxed);
         let c = &inner.counters;
@@ -475,17 +484,9 @@ impl Inner {
         }
     }
 
-    /// Logs a rollout by moving its payload into a wire message and back:
-    /// one encode, no vector copies.
-    fn log_rollout(&self, r: Rollout) -> Rollout {
-        let Some(w) = &self.wal else { return r };
-        let record = walpb::Record {
-            kind: Some(Kind::Rollout(wire::rollout_to_wire(r))),
-        };
-        w.append(wal::frame(&record));
-        match record.kind {
-            Some(Kind::Rollout(r)) => wire::rollout_from_wire(r),
-            _ => unreachable!("built as a rollout record above"),
+    fn log_rollout(&self, r: &Rollout) {
+        if self.wal.is_some() {
+            self.log(Kind::Rollout(wire::rollout_to_wire(r)));
         }
     }
 
@@ -525,7 +526,8 @@ impl Inner {
                     drop(slot);
                     return Some(self.reject(rej));
                 }
-                let rollout = self.log_rollout(r.take().expect("checked above"));
+                let rollout = r.take().expect("checked above");
+                self.log_rollout(&rollout);
                 let added = p.add(rollout);
                 self.bytes.fetch_add(added, Relaxed);
                 if p.members.len() == k {
@@ -633,7 +635,7 @@ impl Inner {
             sequence,
             bytes: p.bytes,
         };
-        ready.groups.push_back((Arc::new(group), 0));
+        ready.push(Arc::new(group), 0);
         drop(ready);
         self.changed.notify_waiters();
     }
@@ -674,56 +676,17 @@ impl Inner {
     /// Evicts the oldest ready group to make room. False when none is ready.
     fn drop_oldest(&self) -> bool {
         let mut ready = self.ready.lock();
-        let Some((g, _)) = ready.groups.pop_front() else {
+        let Some(g) = ready.pop_oldest() else {
             return false;
         };
         self.release_evicted(vec![(g.id.clone(), g.bytes)], EvictReason::Capacity);
         true
     }
 
-    /// Evicts every held group beyond `max_staleness`; returns how many.
-    fn evict_stale(&self) -> u64 {
-        let version = self.version.load(Relaxed);
-        let max = self.cfg.max_staleness;
-        let stale_ready = {
-            let mut ready = self.ready.lock();
-            self.evict_stale_ready(&mut ready, version)
-        };
-        let stale_pending: Vec<String> = self
-            .groups
-            .iter()
-            .filter_map(|e| match e.value() {
-                Slot::Pending(p) if eviction::is_stale(version, p.oldest_version, max) => {
-                    Some(e.key().clone())
-                }
-                _ => None,
-            })
-            .collect();
-        let mut n = stale_ready;
-        for id in stale_pending {
-            n += self.evict_pending(&id, EvictReason::Stale) as u64;
-        }
-        n
-    }
-
     fn evict_stale_ready(&self, ready: &mut ReadyStore, version: u64) -> u64 {
-        let max = self.cfg.max_staleness;
-        if !ready
-            .groups
-            .iter()
-            .any(|(g, _)| eviction::is_stale(version, g.oldest_version, max))
-        {
-            return 0;
-        }
-        let mut evicted = Vec::new();
-        ready.groups.retain(|(g, _)| {
-            let stale = eviction::is_stale(version, g.oldest_version, max);
-            if stale {
-                evicted.push((g.id.clone(), g.bytes));
-            }
-            !stale
-        });
-        let n = evicted.len() as u64;
+        let stale = ready.take_stale(version, self.cfg.max_staleness);
+        let n = stale.len() as u64;
+        let evicted = stale.into_iter().map(|g| (g.id.clone(), g.bytes)).collect();
         self.release_evicted(evicted, EvictReason::Stale);
         n
     }
@@ -734,7 +697,7 @@ impl Inner {
         let version = self.version.load(Relaxed);
         let mut ready = self.ready.lock();
         self.evict_stale_ready(&mut ready, version);
-        let avail = ready.groups.len();
+        let avail = ready.len();
         let k = if avail >= n {
             n
         } else if partial {
@@ -751,29 +714,22 @@ impl Inner {
         {
             return Err(avail);
         }
-        let ReadyStore {
-            groups,
-            sampler,
-            rng,
-            ..
-        } = &mut *ready;
-        let mut picks = sampler.pick(groups.len(), k, rng);
+        let mut picks = ready.pick(k);
         let mut out = Vec::with_capacity(k);
         let mut uses = Vec::with_capacity(k);
         for &i in &picks {
-            let (g, used) = &mut groups[i];
-            *used += 1;
+            let (group, use_count) = ready.use_at(i);
             uses.push(walpb::GroupUse {
-                group_id: g.id.clone(),
-                use_count: *used,
+                group_id: group.id.clone(),
+                use_count,
             });
-            let staleness = eviction::staleness(version, g.oldest_version);
+            let staleness = eviction::staleness(version, group.oldest_version);
             metrics::histogram!(m::SAMPLED_STALENESS).record(staleness as f64);
-            metrics::histogram!(m::GROUP_REUSE).record(*used as f64);
+            metrics::histogram!(m::GROUP_REUSE).record(use_count as f64);
             out.push(SampledGroup {
-                group: g.clone(),
+                group,
                 staleness,
-                use_count: *used,
+                use_count,
             });
         }
         // Retire groups that reached their last use, highest index first so
@@ -781,8 +737,8 @@ impl Inner {
         picks.sort_unstable_by(|a, b| b.cmp(a));
         let mut retired = 0u64;
         for i in picks {
-            if groups[i].1 >= self.uses_per_group {
-                let (g, _) = groups.remove(i).expect("picked index is in range");
+            if ready.uses_at(i) >= self.uses_per_group {
+                let g = ready.remove_at(i).expect("picked index is in range");
                 self.bytes.fetch_sub(g.bytes, Relaxed);
                 retired += 1;
             }
@@ -802,7 +758,7 @@ impl Inner {
 
     fn publish_gauges(&self) {
         let version = self.version.load(Relaxed);
-        let ready = self.ready.lock().groups.len();
+        let ready = self.ready.lock().len();
         metrics::gauge!(m::GROUPS, "state" => "pending").set(self.pending.load(Relaxed) as f64);
         metrics::gauge!(m::GROUPS, "state" => "ready").set(ready as f64);
         metrics::gauge!(m::BYTES).set(self.bytes.load(Relaxed) as f64);
@@ -826,7 +782,13 @@ impl Inner {
                 }
                 Some(Kind::Version(v)) => self.version.store(v.version, Relaxed),
                 Some(Kind::Rollout(w)) => {
-                    let r = wire::rollout_from_wire(w);
+                    let r = match wire::rollout_from_wire(w) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            tracing::warn!("skipping unreadable logged rollout: {}", e.reason);
+                            continue;
+                        }
+                    };
                     match self.groups.entry(r.group_id.clone()) {
                         Entry::Vacant(v) => {
                             v.insert(Slot::Pending(PendingGroup::new(r, now)));
@@ -907,7 +869,7 @@ impl Inner {
         let mut bytes = 0;
         for (g, used) in ready {
             bytes += g.bytes;
-            store.groups.push_back((Arc::new(g), used));
+            store.push(Arc::new(g), used);
         }
         for id in complete {
             if let Some(mut slot) = self.groups.get_mut(&id)
@@ -916,7 +878,7 @@ impl Inner {
                 let sequence = store.next_sequence;
                 store.next_sequence += 1;
                 bytes += p.bytes;
-                store.groups.push_back((
+                store.push(
                     Arc::new(ReadyGroup {
                         id,
                         members: p.members,
@@ -925,7 +887,7 @@ impl Inner {
                         bytes: p.bytes,
                     }),
                     0,
-                ));
+                );
             }
         }
         let mut pending = 0;
@@ -939,8 +901,8 @@ impl Inner {
                 Slot::Sealed(_) => tombstones.push_back(e.key().clone()),
             }
         }
-        let held = pending + store.groups.len() as u64;
-        let samples: u64 = store.groups.iter().map(|(_, u)| *u as u64).sum::<u64>()
+        let held = pending + store.len() as u64;
+        let samples: u64 = store.iter().map(|(_, u)| *u as u64).sum::<u64>()
             + retired * self.uses_per_group as u64;
         *self.ledger.lock() = Ledger {
             retired,
@@ -952,7 +914,7 @@ impl Inner {
         self.bytes.store(bytes, Relaxed);
         tracing::info!(
             records = n_records,
-            ready = store.groups.len(),
+            ready = store.len(),
             pending,
             retired,
             version = self.version.load(Relaxed),
@@ -970,7 +932,7 @@ impl Inner {
             match e.value() {
                 Slot::Pending(p) => {
                     for m in &p.members {
-                        pending_records.push(rec(Kind::Rollout(wire::rollout_to_wire_ref(m))));
+                        pending_records.push(rec(Kind::Rollout(wire::rollout_to_wire(m))));
                     }
                 }
                 Slot::Sealed(ids) => sealed.push((e.key().clone(), ids.clone())),
@@ -982,7 +944,7 @@ impl Inner {
             retired_groups: self.ledger.lock().retired,
             next_sequence: ready.next_sequence,
         };
-        let live: Vec<(Arc<ReadyGroup>, u32)> = ready.groups.iter().cloned().collect();
+        let live: Vec<(Arc<ReadyGroup>, u32)> = ready.iter().cloned().collect();
         drop(ready);
         let mut out = vec![rec(Kind::Meta(meta))];
         out.append(&mut pending_records);
@@ -990,7 +952,7 @@ impl Inner {
         for (g, used) in live {
             live_ids.insert(g.id.clone());
             for m in &g.members {
-                out.push(rec(Kind::Rollout(wire::rollout_to_wire_ref(m))));
+                out.push(rec(Kind::Rollout(wire::rollout_to_wire(m))));
             }
             out.push(rec(Kind::Ready(walpb::Ready {
                 group_id: g.id.clone(),

@@ -7,17 +7,18 @@ use crate::{
     config::{FsyncPolicy, SamplingMode},
     rollout::{FinishReason, VersionRuns},
 };
+use bapo_proto::packed::{pack_f32, pack_u32};
 
 fn rollout(group: &str, id: &str, versions: &[u64]) -> Rollout {
     Rollout {
         id: id.into(),
         group_id: group.into(),
-        prompt_tokens: vec![1, 2, 3].into(),
-        response_tokens: vec![7; versions.len()],
-        behavior_logprobs: vec![-0.5; versions.len()],
+        prompt_tokens: pack_u32(&[1, 2, 3]),
+        response_tokens: pack_u32(&vec![7; versions.len()]),
+        behavior_logprobs: pack_f32(&vec![-0.5; versions.len()]),
         versions: VersionRuns::from_tokens(versions),
         reward: 1.0,
-        token_rewards: vec![],
+        token_rewards: Default::default(),
         finish_reason: FinishReason::Stop,
         actor_id: "a0".into(),
         task: "arith".into(),
@@ -199,8 +200,10 @@ async fn stale_groups_are_evicted_and_stale_rollouts_refused() {
     }
     // Version 6: "ready" (oldest 3) is 3 behind > 2; "pending" (4) is fine.
     assert_eq!(b.report_version(6), 1);
-    // Version 7 makes the pending one stale too.
-    assert_eq!(b.report_version(7), 1);
+    // Version 7 makes the pending one stale too: evicted by the sweep.
+    assert_eq!(b.report_version(7), 0);
+    assert_eq!(b.stats().groups_pending, 1);
+    b.sweep(Instant::now());
     let s = b.stats();
     assert_eq!(s.evictions["stale"], 2);
     assert_eq!((s.groups_pending, s.groups_ready, s.bytes_held), (0, 0, 0));

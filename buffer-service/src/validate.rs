@@ -2,6 +2,8 @@
 //! shared state. Each check names the rollout, the field and the value, so an
 //! actor author can find the bug from the ack alone.
 
+use bapo_proto::packed;
+
 use crate::rollout::Rollout;
 
 /// gRPC-compatible classification of a refusal.
@@ -37,12 +39,22 @@ pub struct Rejection {
 
 impl Rejection {
     pub fn new(r: &Rollout, code: RejectCode, label: &'static str, reason: String) -> Self {
+        Self::for_ids(&r.id, &r.group_id, code, label, reason)
+    }
+
+    pub fn for_ids(
+        rollout_id: &str,
+        group_id: &str,
+        code: RejectCode,
+        label: &'static str,
+        reason: String,
+    ) -> Self {
         Self {
-            rollout_id: r.id.clone(),
-            group_id: r.group_id.clone(),
+            rollout_id: rollout_id.to_string(),
+            group_id: group_id.to_string(),
             code,
             label,
-            reason: format!("rollout {:?} (group {:?}): {reason}", r.id, r.group_id),
+            reason: format!("rollout {rollout_id:?} (group {group_id:?}): {reason}"),
         }
     }
 }
@@ -75,7 +87,7 @@ pub fn check(r: &Rollout, encoded_len: usize, limits: Limits) -> Result<(), Reje
     if r.group_id.is_empty() {
         return reject(InvalidArgument, "missing_id", "group_id is empty".into());
     }
-    let n = r.response_tokens.len();
+    let n = r.len();
     if n == 0 {
         return reject(
             InvalidArgument,
@@ -83,44 +95,47 @@ pub fn check(r: &Rollout, encoded_len: usize, limits: Limits) -> Result<(), Reje
             "response_tokens is empty".into(),
         );
     }
-    if r.behavior_logprobs.len() != n || r.versions.len() != n {
+    let n_logprobs = r.behavior_logprobs.len() / 4;
+    if n_logprobs != n || r.versions.len() != n {
         return reject(
             InvalidArgument,
             "length_mismatch",
             format!(
-                "length mismatch: response_tokens has {n}, behavior_logprobs {}, token_versions {}",
-                r.behavior_logprobs.len(),
+                "length mismatch: response_tokens has {n}, behavior_logprobs {n_logprobs}, token_versions {}",
                 r.versions.len()
             ),
         );
     }
-    if !r.token_rewards.is_empty() && r.token_rewards.len() != n {
+    let n_rewards = r.token_rewards.len() / 4;
+    if n_rewards != 0 && n_rewards != n {
         return reject(
             InvalidArgument,
             "length_mismatch",
-            format!(
-                "length mismatch: token_rewards has {}, response_tokens {n}",
-                r.token_rewards.len()
-            ),
+            format!("length mismatch: token_rewards has {n_rewards}, response_tokens {n}"),
         );
     }
-    let total = n + r.prompt_tokens.len();
+    let n_prompt = r.prompt_tokens.len() / 4;
+    let total = n + n_prompt;
     if total > limits.max_tokens {
         return reject(
             InvalidArgument,
             "too_many_tokens",
             format!(
-                "{total} tokens (prompt {} + response {n}) exceed max_tokens = {}",
-                r.prompt_tokens.len(),
+                "{total} tokens (prompt {n_prompt} + response {n}) exceed max_tokens = {}",
                 limits.max_tokens
             ),
         );
     }
-    if let Some((i, lp)) = r
-        .behavior_logprobs
-        .iter()
-        .enumerate()
-        .find(|(_, lp)| !lp.is_finite())
+    // One pass for the common case; the exact defect is found only when
+    // there is one.
+    let clean = packed::f32s(&r.behavior_logprobs).all(|lp| lp.is_finite() && lp <= 0.0);
+    if let Some((i, lp)) = (!clean)
+        .then(|| {
+            packed::f32s(&r.behavior_logprobs)
+                .enumerate()
+                .find(|(_, lp)| !lp.is_finite())
+        })
+        .flatten()
     {
         return reject(
             InvalidArgument,
@@ -128,11 +143,13 @@ pub fn check(r: &Rollout, encoded_len: usize, limits: Limits) -> Result<(), Reje
             format!("behavior_logprobs[{i}] = {lp} is not finite"),
         );
     }
-    if let Some((i, lp)) = r
-        .behavior_logprobs
-        .iter()
-        .enumerate()
-        .find(|&(_, &lp)| lp > 0.0)
+    if let Some((i, lp)) = (!clean)
+        .then(|| {
+            packed::f32s(&r.behavior_logprobs)
+                .enumerate()
+                .find(|&(_, lp)| lp > 0.0)
+        })
+        .flatten()
     {
         return reject(
             InvalidArgument,
@@ -147,9 +164,7 @@ pub fn check(r: &Rollout, encoded_len: usize, limits: Limits) -> Result<(), Reje
             format!("reward = {} is not finite", r.reward),
         );
     }
-    if let Some((i, x)) = r
-        .token_rewards
-        .iter()
+    if let Some((i, x)) = packed::f32s(&r.token_rewards)
         .enumerate()
         .find(|(_, x)| !x.is_finite())
     {
@@ -178,17 +193,18 @@ pub fn check(r: &Rollout, encoded_len: usize, limits: Limits) -> Result<(), Reje
 mod tests {
     use super::*;
     use crate::rollout::{FinishReason, VersionRuns};
+    use packed::{pack_f32, pack_u32};
 
     fn rollout() -> Rollout {
         Rollout {
             id: "r1".into(),
             group_id: "g1".into(),
-            prompt_tokens: vec![1, 2, 3].into(),
-            response_tokens: vec![4, 5],
-            behavior_logprobs: vec![-0.5, -1.0],
+            prompt_tokens: pack_u32(&[1, 2, 3]),
+            response_tokens: pack_u32(&[4, 5]),
+            behavior_logprobs: pack_f32(&[-0.5, -1.0]),
             versions: VersionRuns::from_tokens(&[2, 3]),
             reward: 1.0,
-            token_rewards: vec![],
+            token_rewards: Default::default(),
             finish_reason: FinishReason::Stop,
             actor_id: "a".into(),
             task: "arith".into(),
@@ -218,14 +234,14 @@ mod tests {
         assert_eq!(label(&r, 10), "empty_response");
 
         let mut r = rollout();
-        r.behavior_logprobs.pop();
+        r.behavior_logprobs = pack_f32(&[-0.5]);
         let e = check(&r, 10, LIMITS).unwrap_err();
         assert_eq!(e.label, "length_mismatch");
         assert!(e.reason.contains("behavior_logprobs 1"), "{}", e.reason);
         assert!(e.reason.contains("\"r1\""), "{}", e.reason);
 
         let mut r = rollout();
-        r.behavior_logprobs[1] = f32::NAN;
+        r.behavior_logprobs = pack_f32(&[-0.5, f32::NAN]);
         let e = check(&r, 10, LIMITS).unwrap_err();
         assert!(
             e.reason.contains("behavior_logprobs[1] = NaN"),
@@ -238,7 +254,7 @@ mod tests {
         assert_eq!(label(&r, 10), "non_finite");
 
         let mut r = rollout();
-        r.behavior_logprobs[0] = 0.25;
+        r.behavior_logprobs = pack_f32(&[0.25, -1.0]);
         assert_eq!(label(&r, 10), "positive_logprob");
 
         let mut r = rollout();
@@ -248,15 +264,15 @@ mod tests {
         assert!(e.reason.contains("version 4"), "{}", e.reason);
 
         let mut r = rollout();
-        r.response_tokens = vec![1; 6];
-        r.behavior_logprobs = vec![-1.0; 6];
+        r.response_tokens = pack_u32(&[1; 6]);
+        r.behavior_logprobs = pack_f32(&[-1.0; 6]);
         r.versions = VersionRuns::from_tokens(&[1; 6]);
         assert_eq!(label(&r, 10), "too_many_tokens");
 
         assert_eq!(label(&rollout(), 1001), "too_large");
 
         let mut r = rollout();
-        r.token_rewards = vec![0.0];
+        r.token_rewards = pack_f32(&[0.0]);
         assert_eq!(label(&r, 10), "length_mismatch");
     }
 }

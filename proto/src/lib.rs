@@ -1,6 +1,8 @@
 //! Wire types of bapo, generated from `bapo.proto` (package `bapo.v1`) and the
-//! buffer's log records (`wal.proto`). Nothing here has behaviour: services
-//! and cores live in the crates that own them.
+//! buffer's log records (`wal.proto`), plus [`packed`], the encoding of the
+//! per-token arrays. Services and cores live in the crates that own them.
+
+pub mod packed;
 
 /// Generated code, nested as the protobuf packages are (`bapo.wal.v1`
 /// refers to `bapo.v1` by relative path).

@@ -8,17 +8,19 @@ use std::{
     path::PathBuf,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering::Relaxed},
+        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
     },
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, bail};
 use bapo_buffer::{Buffer, BufferConfig};
+use bapo_proto::packed::{pack_f32, pack_u32};
 use bapo_proto::v1::{
     self, SampleRequest, StatsRequest, VersionReport, batch_source_client::BatchSourceClient,
     rollout_sink_client::RolloutSinkClient,
 };
+use bytes::Bytes;
 use clap::Args;
 use prost::Message;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -43,6 +45,11 @@ pub struct BufferBenchArgs {
     /// Groups per learner batch.
     #[arg(long, default_value_t = 8)]
     pub batch_groups: u32,
+    /// Buffer capacity in groups. The default holds a whole phase, so the
+    /// ingest rate is not capped by the learner (Redis Streams has no bound
+    /// either); set it low to measure backpressure instead.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub capacity_groups: u64,
     /// Skip the Redis Streams reference.
     #[arg(long)]
     pub no_redis: bool,
@@ -58,6 +65,7 @@ pub struct Payload {
     pub prompt: Vec<u32>,
     pub tokens: Vec<u32>,
     pub logprobs: Vec<f32>,
+    packed: [Bytes; 3],
 }
 
 impl Payload {
@@ -65,12 +73,17 @@ impl Payload {
     /// distribution (mostly near 0, some far below).
     pub fn new(tokens: usize, seed: u64) -> Self {
         let mut rng = SmallRng::seed_from_u64(seed);
+        let prompt: Vec<u32> = (0..64).map(|_| rng.random_range(0..151_936)).collect();
+        let tokens: Vec<u32> = (0..tokens).map(|_| rng.random_range(0..151_936)).collect();
+        let logprobs: Vec<f32> = (0..tokens.len())
+            .map(|_| -(rng.random::<f32>().powi(4) * 12.0))
+            .collect();
+        let packed = [pack_u32(&prompt), pack_u32(&tokens), pack_f32(&logprobs)];
         Self {
-            prompt: (0..64).map(|_| rng.random_range(0..151_936)).collect(),
-            tokens: (0..tokens).map(|_| rng.random_range(0..151_936)).collect(),
-            logprobs: (0..tokens)
-                .map(|_| -(rng.random::<f32>().powi(4) * 12.0))
-                .collect(),
+            prompt,
+            tokens,
+            logprobs,
+            packed,
         }
     }
 
@@ -96,14 +109,15 @@ impl Phase {
 }
 
 fn group_messages(p: &Payload, group: &str, k: u32, version: u64) -> Vec<v1::Rollout> {
+    let versions = pack_u32(&vec![version as u32; p.tokens.len()]);
     (0..k)
         .map(|i| v1::Rollout {
             rollout_id: format!("{group}-{i}"),
             group_id: group.to_string(),
-            prompt_tokens: p.prompt.clone(),
-            response_tokens: p.tokens.clone(),
-            behavior_logprobs: p.logprobs.clone(),
-            token_versions: vec![version; p.tokens.len()],
+            prompt_tokens: p.packed[0].clone(),
+            response_tokens: p.packed[1].clone(),
+            behavior_logprobs: p.packed[2].clone(),
+            token_versions: versions.clone(),
             reward: (i % 2) as f32,
             finish_reason: v1::FinishReason::Stop as i32,
             actor_id: "bench".into(),
@@ -116,25 +130,40 @@ fn group_messages(p: &Payload, group: &str, k: u32, version: u64) -> Vec<v1::Rol
 async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
     Ok(Channel::from_shared(format!("http://{addr}"))?
         .tcp_nodelay(true)
+        .initial_stream_window_size(bapo_buffer::server::STREAM_WINDOW)
+        .initial_connection_window_size(bapo_buffer::server::CONNECTION_WINDOW)
         .connect()
         .await?)
 }
 
-/// Pushes groups until `deadline`, one push stream per group, optionally
-/// paced to one group per `pace`.
-async fn pusher(
+/// What every pusher of one phase does.
+#[derive(Clone)]
+struct PushPlan {
     addr: SocketAddr,
-    id: usize,
-    args_tokens: usize,
+    tokens: usize,
     k: u32,
     deadline: Instant,
+    /// One group per `pace` when set; as fast as acks come back otherwise.
     pace: Option<Duration>,
+    /// The learner's version, stamped on every token.
     version: Arc<AtomicU64>,
-    phase: &str,
-) -> anyhow::Result<(u64, Latencies)> {
+    phase: String,
+}
+
+/// Pushes groups until the deadline, one push stream per group.
+async fn pusher(plan: PushPlan, id: usize) -> anyhow::Result<(u64, Latencies)> {
+    let PushPlan {
+        addr,
+        tokens,
+        k,
+        deadline,
+        pace,
+        version,
+        phase,
+    } = plan;
     let mut client =
         RolloutSinkClient::new(connect(addr).await?).max_encoding_message_size(usize::MAX);
-    let payload = Payload::new(args_tokens, id as u64);
+    let payload = Payload::new(tokens, id as u64);
     let mut lat = Latencies::new();
     let mut sent = 0u64;
     let mut ticker = pace.map(|p| {
@@ -165,17 +194,19 @@ async fn pusher(
     Ok((sent, lat))
 }
 
-/// Samples batches and reports a new version after each, until `deadline`.
+/// Samples batches and reports a new version after each, until the pushers
+/// are done (a pusher held by backpressure at its deadline needs the learner
+/// to make room).
 async fn learner(
     addr: SocketAddr,
     batch_groups: u32,
-    deadline: Instant,
+    done: Arc<AtomicBool>,
     version: Arc<AtomicU64>,
 ) -> anyhow::Result<u64> {
     let mut client =
         BatchSourceClient::new(connect(addr).await?).max_decoding_message_size(usize::MAX);
     let mut rollouts = 0u64;
-    while Instant::now() < deadline {
+    while !done.load(Relaxed) {
         let batch = client
             .sample(SampleRequest {
                 num_groups: batch_groups,
@@ -208,15 +239,25 @@ async fn bapo_phase(
 ) -> anyhow::Result<Phase> {
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(args.seconds);
-    let learner = tokio::spawn(learner(addr, args.batch_groups, deadline, version.clone()));
-    let mut tasks = Vec::new();
-    for id in 0..args.pushers {
-        let version = version.clone();
-        let (tokens, k, name) = (args.tokens, args.group_size, name.to_string());
-        tasks.push(tokio::spawn(async move {
-            pusher(addr, id, tokens, k, deadline, pace, version, &name).await
-        }));
-    }
+    let done = Arc::new(AtomicBool::new(false));
+    let learner = tokio::spawn(learner(
+        addr,
+        args.batch_groups,
+        done.clone(),
+        version.clone(),
+    ));
+    let plan = PushPlan {
+        addr,
+        tokens: args.tokens,
+        k: args.group_size,
+        deadline,
+        pace,
+        version: version.clone(),
+        phase: name.to_string(),
+    };
+    let tasks: Vec<_> = (0..args.pushers)
+        .map(|id| tokio::spawn(pusher(plan.clone(), id)))
+        .collect();
     let mut acks = Latencies::new();
     let mut rollouts = 0;
     for t in tasks {
@@ -225,6 +266,7 @@ async fn bapo_phase(
         acks.merge(&lat);
     }
     let seconds = start.elapsed().as_secs_f64();
+    done.store(true, Relaxed);
     let consumed_rollouts = learner.await??;
     Ok(Phase {
         rollouts,
@@ -245,8 +287,8 @@ pub async fn run(args: BufferBenchArgs) -> anyhow::Result<()> {
         batch_groups: args.batch_groups,
         // The bench measures the data path, not the staleness bound.
         max_staleness: u32::MAX as u64,
-        capacity_groups: 1024,
-        capacity_bytes: 2 << 30,
+        capacity_groups: args.capacity_groups,
+        capacity_bytes: 16 << 30,
         ..Default::default()
     };
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
@@ -278,6 +320,7 @@ pub async fn run(args: BufferBenchArgs) -> anyhow::Result<()> {
     let groups_per_s = peak.rate() / 2.0 / args.group_size as f64 / args.pushers as f64;
     let pace = Duration::from_secs_f64(1.0 / groups_per_s.max(1e-3));
     let half = bapo_phase(&args, addr, Some(pace), version.clone(), "half").await?;
+    let drain = drain(addr, args.batch_groups).await?;
     let held = held_bytes_per_payload_byte(&args, addr, &sample).await?;
     let _ = stop_tx.send(());
     server.await??;
@@ -332,8 +375,50 @@ pub async fn run(args: BufferBenchArgs) -> anyhow::Result<()> {
         peak.rate() * raw / 1e9,
         peak.rate() * wire as f64 / 1e9
     );
+    if drain.0 >= 1000 {
+        println!(
+            "learner sampling alone (the backlog of {} rollouts the phases left): {:.0} rollouts/s, {:.2} GB/s raw",
+            drain.0,
+            drain.0 as f64 / drain.1,
+            drain.0 as f64 * raw / drain.1 / 1e9
+        );
+    } else {
+        println!(
+            "the learner kept up with ingest: {} rollouts left to drain",
+            drain.0
+        );
+    }
     println!("held bytes per raw payload byte: {held:.3}");
     Ok(())
+}
+
+/// Samples the backlog the phases left, alone: the learner side's capacity
+/// when it does not share the CPU with the pushers. Also gives the held-bytes
+/// probe an empty buffer.
+async fn drain(addr: SocketAddr, batch_groups: u32) -> anyhow::Result<(u64, f64)> {
+    let mut client =
+        BatchSourceClient::new(connect(addr).await?).max_decoding_message_size(usize::MAX);
+    let start = Instant::now();
+    let mut rollouts = 0u64;
+    loop {
+        let batch = client
+            .sample(SampleRequest {
+                num_groups: batch_groups,
+                timeout_ms: 0,
+                allow_partial: true,
+            })
+            .await?
+            .into_inner();
+        if batch.groups.is_empty() {
+            break;
+        }
+        rollouts += batch
+            .groups
+            .iter()
+            .map(|g| g.rollouts.len() as u64)
+            .sum::<u64>();
+    }
+    Ok((rollouts, start.elapsed().as_secs_f64()))
 }
 
 /// Pushes a known amount with the learner stopped and compares the buffer's
@@ -343,7 +428,8 @@ async fn held_bytes_per_payload_byte(
     addr: SocketAddr,
     sample: &Payload,
 ) -> anyhow::Result<f64> {
-    let mut stats = BatchSourceClient::new(connect(addr).await?);
+    let mut stats =
+        BatchSourceClient::new(connect(addr).await?).max_decoding_message_size(usize::MAX);
     let before = stats.get_stats(StatsRequest {}).await?.into_inner();
     let mut client =
         RolloutSinkClient::new(connect(addr).await?).max_encoding_message_size(usize::MAX);
