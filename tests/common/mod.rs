@@ -1,0 +1,104 @@
+//! Helpers shared by the end-to-end tests: real servers on loopback ports,
+//! real clients, rollouts that look like an actor's.
+
+#![allow(dead_code)]
+
+use std::{net::SocketAddr, time::Duration};
+
+use bapo_buffer::{Buffer, BufferConfig};
+use bapo_proto::packed::{pack_f32, pack_u32};
+use bapo_proto::v1::{
+    self, batch_source_client::BatchSourceClient, rollout_sink_client::RolloutSinkClient,
+};
+use tokio::{sync::oneshot, task::JoinHandle};
+use tonic::transport::Channel;
+
+/// A buffer server on an ephemeral loopback port, stopped on drop.
+pub struct TestBuffer {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl TestBuffer {
+    pub async fn start(cfg: BufferConfig) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let buffer = Buffer::open(cfg).unwrap();
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(bapo_buffer::server::serve(buffer, listener, async {
+            let _ = rx.await;
+        }));
+        Self {
+            addr,
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.unwrap().unwrap();
+        }
+    }
+
+    pub async fn sink(&self) -> RolloutSinkClient<Channel> {
+        RolloutSinkClient::new(channel(self.addr).await)
+    }
+
+    pub async fn source(&self) -> BatchSourceClient<Channel> {
+        BatchSourceClient::new(channel(self.addr).await)
+    }
+}
+
+impl Drop for TestBuffer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+pub async fn channel(addr: SocketAddr) -> Channel {
+    let endpoint = Channel::from_shared(format!("http://{addr}")).unwrap();
+    for _ in 0..100 {
+        if let Ok(c) = endpoint.connect().await {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no server at {addr}");
+}
+
+pub fn rollout(group: &str, id: &str, n_tokens: usize, version: u32) -> v1::Rollout {
+    v1::Rollout {
+        rollout_id: id.into(),
+        group_id: group.into(),
+        prompt_tokens: pack_u32(&[11, 12, 13]),
+        response_tokens: pack_u32(&(0..n_tokens as u32).collect::<Vec<_>>()),
+        behavior_logprobs: pack_f32(&vec![-0.25; n_tokens]),
+        token_versions: pack_u32(&vec![version; n_tokens]),
+        reward: 1.0,
+        finish_reason: v1::FinishReason::Stop as i32,
+        actor_id: "test-actor".into(),
+        task: "arith".into(),
+        ..Default::default()
+    }
+}
+
+pub fn group(name: &str, k: usize, version: u32) -> Vec<v1::Rollout> {
+    (0..k)
+        .map(|i| rollout(name, &format!("{name}/{i}"), 16, version))
+        .collect()
+}
+
+pub async fn push(client: &mut RolloutSinkClient<Channel>, msgs: Vec<v1::Rollout>) -> v1::PushAck {
+    client
+        .push(tokio_stream::iter(msgs))
+        .await
+        .expect("push stream")
+        .into_inner()
+}
