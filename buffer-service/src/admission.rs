@@ -81,6 +81,12 @@ pub enum Hold {
 }
 
 impl Hold {
+    pub const ALL: [Hold; 3] = [Hold::Staleness, Hold::Full, Hold::RateLimited];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             Hold::Staleness => "staleness",

@@ -79,3 +79,50 @@ pub fn describe() {
     describe_gauge!(WAL_BYTES, Unit::Bytes, "Size of the write-ahead log");
     describe_histogram!(WAL_FSYNC_SECONDS, Unit::Seconds, "Duration of WAL fsyncs");
 }
+
+/// Handles registered once, so the hot path increments an atomic instead of
+/// looking a key up in the recorder's registry per rollout. Register after
+/// the exporter is installed (handles made before record nothing).
+pub struct Handles {
+    pub accepted: metrics::Counter,
+    pub duplicate: metrics::Counter,
+    pub admitted: metrics::Counter,
+    pub retired: metrics::Counter,
+    pub samples: metrics::Counter,
+    pub pending: metrics::Gauge,
+    pub ready: metrics::Gauge,
+    pub bytes: metrics::Gauge,
+    pub version: metrics::Gauge,
+    pub admission_limit: metrics::Gauge,
+    pub staleness: metrics::Histogram,
+    pub reuse: metrics::Histogram,
+    pub sample_seconds: metrics::Histogram,
+    /// By [`crate::eviction::EvictReason::index`].
+    pub evictions: [metrics::Counter; 3],
+    /// By [`crate::admission::Hold::index`].
+    pub backpressure: [metrics::Histogram; 3],
+}
+
+impl Handles {
+    pub fn register() -> Self {
+        use crate::{admission::Hold, eviction::EvictReason};
+        use metrics::{counter, gauge, histogram};
+        Self {
+            accepted: counter!(ROLLOUTS_ACCEPTED),
+            duplicate: counter!(ROLLOUTS_DUPLICATE),
+            admitted: counter!(GROUPS_ADMITTED),
+            retired: counter!(GROUPS_RETIRED),
+            samples: counter!(GROUP_SAMPLES),
+            pending: gauge!(GROUPS, "state" => "pending"),
+            ready: gauge!(GROUPS, "state" => "ready"),
+            bytes: gauge!(BYTES),
+            version: gauge!(LEARNER_VERSION),
+            admission_limit: gauge!(ADMISSION_LIMIT),
+            staleness: histogram!(SAMPLED_STALENESS),
+            reuse: histogram!(GROUP_REUSE),
+            sample_seconds: histogram!(SAMPLE_SECONDS),
+            evictions: EvictReason::ALL.map(|r| counter!(EVICTIONS, "reason" => r.label())),
+            backpressure: Hold::ALL.map(|h| histogram!(BACKPRESSURE_SECONDS, "bound" => h.label())),
+        }
+    }
+}

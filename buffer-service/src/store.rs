@@ -122,6 +122,7 @@ struct Inner {
     changed: Notify,
     closing: AtomicBool,
     counters: Counters,
+    metrics: m::Handles,
     wal: Option<Wal>,
 }
 
@@ -173,6 +174,7 @@ impl Buffer {
             changed: Notify::new(),
             closing: AtomicBool::new(false),
             counters: Counters::default(),
+            metrics: m::Handles::register(),
             wal,
             cfg,
         });
@@ -322,7 +324,10 @@ impl Buffer {
         };
         inner.changed.notify_waiters();
         self.sync().await?;
-        metrics::histogram!(m::SAMPLE_SECONDS).record(start.elapsed().as_secs_f64());
+        inner
+            .metrics
+            .sample_seconds
+            .record(start.elapsed().as_secs_f64());
         Ok(out)
     }
 
@@ -469,12 +474,12 @@ impl Inner {
 
     fn accepted(&self) {
         self.counters.accepted.fetch_add(1, Relaxed);
-        metrics::counter!(m::ROLLOUTS_ACCEPTED).increment(1);
+        self.metrics.accepted.increment(1);
     }
 
     fn duplicate(&self) -> PushOutcome {
         self.counters.duplicate.fetch_add(1, Relaxed);
-        metrics::counter!(m::ROLLOUTS_DUPLICATE).increment(1);
+        self.metrics.duplicate.increment(1);
         PushOutcome::Duplicate
     }
 
@@ -557,10 +562,10 @@ impl Inner {
             match self.try_admit() {
                 Ok(()) => {
                     if let Some((since, why)) = held_since {
-                        metrics::histogram!(m::BACKPRESSURE_SECONDS, "bound" => why.label())
+                        self.metrics.backpressure[why.index()]
                             .record(since.elapsed().as_secs_f64());
                     }
-                    metrics::counter!(m::GROUPS_ADMITTED).increment(1);
+                    self.metrics.admitted.increment(1);
                     return Ok(());
                 }
                 Err(Hold::Full)
@@ -665,7 +670,7 @@ impl Inner {
         self.bytes.fetch_sub(bytes, Relaxed);
         self.ledger.lock().held -= n;
         self.counters.evictions[reason.index()].fetch_add(n, Relaxed);
-        metrics::counter!(m::EVICTIONS, "reason" => reason.label()).increment(n);
+        self.metrics.evictions[reason.index()].increment(n);
         self.log(Kind::Evicted(walpb::Evicted {
             group_ids: groups.into_iter().map(|(id, _)| id).collect(),
             reason: reason.label().to_string(),
@@ -724,8 +729,8 @@ impl Inner {
                 use_count,
             });
             let staleness = eviction::staleness(version, group.oldest_version);
-            metrics::histogram!(m::SAMPLED_STALENESS).record(staleness as f64);
-            metrics::histogram!(m::GROUP_REUSE).record(use_count as f64);
+            self.metrics.staleness.record(staleness as f64);
+            self.metrics.reuse.record(use_count as f64);
             out.push(SampledGroup {
                 group,
                 staleness,
@@ -750,8 +755,8 @@ impl Inner {
         self.log(Kind::Sampled(walpb::Sampled { uses }));
         drop(ready);
         self.counters.samples.fetch_add(k as u64, Relaxed);
-        metrics::counter!(m::GROUP_SAMPLES).increment(k as u64);
-        metrics::counter!(m::GROUPS_RETIRED).increment(retired);
+        self.metrics.samples.increment(k as u64);
+        self.metrics.retired.increment(retired);
         self.publish_gauges();
         Ok(out)
     }
@@ -759,11 +764,12 @@ impl Inner {
     fn publish_gauges(&self) {
         let version = self.version.load(Relaxed);
         let ready = self.ready.lock().len();
-        metrics::gauge!(m::GROUPS, "state" => "pending").set(self.pending.load(Relaxed) as f64);
-        metrics::gauge!(m::GROUPS, "state" => "ready").set(ready as f64);
-        metrics::gauge!(m::BYTES).set(self.bytes.load(Relaxed) as f64);
-        metrics::gauge!(m::LEARNER_VERSION).set(version as f64);
-        metrics::gauge!(m::ADMISSION_LIMIT).set(self.bound.limit(version) as f64);
+        let h = &self.metrics;
+        h.pending.set(self.pending.load(Relaxed) as f64);
+        h.ready.set(ready as f64);
+        h.bytes.set(self.bytes.load(Relaxed) as f64);
+        h.version.set(version as f64);
+        h.admission_limit.set(self.bound.limit(version) as f64);
     }
 
     /// Rebuilds the state from log records (see `wal.rs` on idempotence).

@@ -280,6 +280,9 @@ pub async fn run(args: BufferBenchArgs) -> anyhow::Result<()> {
     if args.pushers == 0 || args.tokens == 0 || args.group_size == 0 {
         bail!("--pushers, --tokens and --group-size must be positive");
     }
+    // Record metrics as `bapo buffer` does, so their cost is measured too.
+    crate::telemetry::serve_metrics(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    bapo_buffer::metrics::describe();
     let cfg = BufferConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         group_size: args.group_size,
