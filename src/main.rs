@@ -28,21 +28,27 @@ struct Cli {
 enum Command {
     /// Run the staleness-tracking rollout buffer service.
     Buffer(commands::buffer::BufferArgs),
+    /// One policy loss on a JSON batch: loss, gradient and metrics as JSON.
+    Loss(commands::loss::LossArgs),
     /// Benchmarks of the hot paths, each beside a reference.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    match Cli::parse().command {
+        // A pure computation: no runtime, and stdout holds only its JSON.
+        Command::Loss(args) => commands::loss::run(args),
+        Command::Buffer(args) => run_async(commands::buffer::run(args)),
+        Command::Bench(b) => run_async(bench::run(b)),
+    }
+}
+
+/// Services and benchmarks: logging to stderr and a multi-threaded runtime.
+fn run_async(job: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
     telemetry::init_logging("info");
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?;
-    rt.block_on(async {
-        match cli.command {
-            Command::Buffer(args) => commands::buffer::run(args).await,
-            Command::Bench(b) => bench::run(b).await,
-        }
-    })
+        .build()?
+        .block_on(job)
 }

@@ -1,5 +1,15 @@
 //! The bapo learner: advantages, the BAPO loss and the baselines it is
-//! compared with, the optimiser, checkpoints and weight broadcast.
+//! compared with, and (to come) the optimiser, checkpoints and weight
+//! broadcast.
 //!
-//! Training lands with the learner issue; the crate fixes its place in the
-//! dependency graph (it needs the wire types and the policy, nothing else).
+//! Every policy loss is written once, in f64, as a function of the per-token
+//! log-probs: it returns the loss and its exact gradient with respect to
+//! each token's log-prob (`∂L/∂lp_θ`). Training backpropagates through the
+//! model with the surrogate `Σ_t sg(grad_t) · lp_θ,t`, whose gradient is the
+//! same, so the numerics tested here against the spec's vectors are the
+//! numerics the model is trained with.
+
+pub mod advantage;
+pub mod loss;
+pub mod stats;
+pub mod vcpo;

@@ -1,3 +1,4 @@
 //! One module per `bapo` subcommand.
 
 pub mod buffer;
+pub mod loss;

@@ -1,0 +1,212 @@
+//! The PPO clipped surrogate with explicit ratio bounds, and the fixed-bound
+//! losses built on it: PPO-clip, GRPO, Dr. GRPO and DAPO clip-higher differ
+//! only in bounds and aggregation (their advantages differ, see
+//! `crate::advantage`).
+
+use std::collections::BTreeMap;
+
+use super::{
+    Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm, aggregate,
+};
+
+/// `ℓ = −min(r A, clip(r, c_low, c_high) A)`, then for `A < 0` the dual clip
+/// `ℓ ← min(ℓ, −c A)`. The gradient coefficient is `−A r` inside the trust
+/// region and 0 where a clip is active (strict inequalities: a ratio exactly
+/// on a bound still gets its gradient).
+pub fn clipped_term(
+    a: f64,
+    r: f64,
+    c_low: f64,
+    c_high: f64,
+    dual_clip: Option<f64>,
+    clips: &mut ClipCounts,
+) -> TokenTerm {
+    if a > 0.0 && r > c_high {
+        clips.high += 1;
+        return TokenTerm {
+            loss: -a * c_high,
+            grad: 0.0,
+        };
+    }
+    if a < 0.0 && r < c_low {
+        clips.low += 1;
+        return TokenTerm {
+            loss: -a * c_low,
+            grad: 0.0,
+        };
+    }
+    if a < 0.0
+        && let Some(c) = dual_clip
+        && r > c
+    {
+        clips.dual += 1;
+        return TokenTerm {
+            loss: -a * c,
+            grad: 0.0,
+        };
+    }
+    TokenTerm {
+        loss: -a * r,
+        grad: -a * r,
+    }
+}
+
+/// Computes a clipped surrogate over a batch with fixed bounds.
+pub fn clipped_loss(
+    batch: &TokenBatch,
+    d: &Denominators,
+    agg: Aggregation,
+    c_low: f64,
+    c_high: f64,
+    dual_clip: Option<f64>,
+) -> LossOutput {
+    let mut clips = ClipCounts::default();
+    let terms: Vec<TokenTerm> = batch
+        .ratios()
+        .iter()
+        .zip(&batch.advantages)
+        .zip(&batch.mask)
+        .map(|((&r, &a), &m)| {
+            if m {
+                clipped_term(a, r, c_low, c_high, dual_clip, &mut clips)
+            } else {
+                TokenTerm::default()
+            }
+        })
+        .collect();
+    let (loss, grad) = aggregate(&terms, agg, batch, d);
+    let mut metrics = BTreeMap::new();
+    clips.insert_into(batch.masked_count(), &mut metrics);
+    metrics.insert("c_low".into(), c_low);
+    metrics.insert("c_high".into(), c_high);
+    LossOutput {
+        loss,
+        grad,
+        metrics,
+    }
+}
+
+/// PPO-clip with `[1 − ε_low, 1 + ε_high]` and an optional dual clip.
+#[derive(Debug, Clone)]
+pub struct PpoClip {
+    pub name: &'static str,
+    pub eps_low: f64,
+    pub eps_high: f64,
+    pub dual_clip: Option<f64>,
+    pub agg: Aggregation,
+}
+
+impl PpoClip {
+    /// Schulman et al.: ε = 0.2, token-mean (verl's default aggregation).
+    pub fn ppo() -> Self {
+        Self {
+            name: "ppo",
+            eps_low: 0.2,
+            eps_high: 0.2,
+            dual_clip: None,
+            agg: Aggregation::TokenMean,
+        }
+    }
+
+    /// GRPO: ε = 0.2, sequence-mean of token-means (the KL-to-reference term
+    /// is a learner option, not part of the policy loss).
+    pub fn grpo() -> Self {
+        Self {
+            name: "grpo",
+            agg: Aggregation::SeqMeanTokenMean,
+            ..Self::ppo()
+        }
+    }
+
+    /// Dr. GRPO: a constant normaliser (`seq-mean-token-sum-norm`); its
+    /// advantages skip the std division.
+    pub fn dr_grpo() -> Self {
+        Self {
+            name: "dr-grpo",
+            agg: Aggregation::SeqMeanTokenSumNorm,
+            ..Self::ppo()
+        }
+    }
+
+    /// DAPO clip-higher: ε_low 0.2, ε_high 0.28, token-mean.
+    pub fn dapo() -> Self {
+        Self {
+            name: "dapo",
+            eps_high: 0.28,
+            ..Self::ppo()
+        }
+    }
+}
+
+impl PolicyLoss for PpoClip {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn aggregation(&self) -> Aggregation {
+        self.agg
+    }
+
+    fn compute(&self, batch: &TokenBatch, d: &Denominators) -> LossOutput {
+        clipped_loss(
+            batch,
+            d,
+            self.agg,
+            1.0 - self.eps_low,
+            1.0 + self.eps_high,
+            self.dual_clip,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loss::testing::*;
+
+    #[test]
+    fn t3_ppo_without_and_with_dual_clip() {
+        let b = t3();
+        let d = Denominators::of(&b);
+        let out = PpoClip::ppo().compute(&b, &d);
+        close(out.loss, 0.754167);
+        close_all(&out.grad, &[0.0, -0.3, 1.25, 0.0, -0.0875, 0.091667]);
+        close(out.metrics["pg_clipfrac"], 2.0 / 6.0);
+
+        let dual = PpoClip {
+            dual_clip: Some(3.0),
+            ..PpoClip::ppo()
+        };
+        let out = dual.compute(&b, &d);
+        close(out.loss, 0.254167);
+        close_all(&out.grad, &[0.0, -0.3, 0.0, 0.0, -0.0875, 0.091667]);
+        close(out.metrics["dual_clip_frac"], 1.0 / 6.0);
+    }
+
+    #[test]
+    fn t3_dapo_clip_higher() {
+        let b = t3();
+        let out = PpoClip::dapo().compute(&b, &Denominators::of(&b));
+        close(out.loss, 0.7275);
+        close(out.metrics["pg_clipfrac"], 2.0 / 6.0);
+    }
+
+    #[test]
+    fn gradients_match_finite_differences() {
+        for loss in [
+            PpoClip::ppo(),
+            PpoClip::grpo(),
+            PpoClip::dr_grpo(),
+            PpoClip::dapo(),
+        ] {
+            check_gradient(&loss, 11);
+        }
+        check_gradient(
+            &PpoClip {
+                dual_clip: Some(2.0),
+                ..PpoClip::ppo()
+            },
+            12,
+        );
+    }
+}

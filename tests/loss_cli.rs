@@ -1,0 +1,119 @@
+//! `bapo loss` as a Python parity harness would call it: JSON files written
+//! by Python's json module in, one JSON document out.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn bapo_loss(args: &[&str]) -> (bool, Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_bapo"))
+        .arg("loss")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("running bapo loss");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let doc = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (out.status.success(), doc, stderr)
+}
+
+fn close(v: &Value, want: f64) {
+    let got = v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"));
+    assert!((got - want).abs() < 1e-6, "got {got}, want {want}");
+}
+
+#[test]
+fn bapo_paper_and_code_modes_on_t1() {
+    let (ok, doc, err) = bapo_loss(&["--algo", "bapo", "--input", "tests/fixtures/loss/t1.json"]);
+    assert!(ok, "{err}");
+    close(&doc["loss"], 0.183333);
+    close(&doc["metrics"]["c_high"], 1.3);
+    close(&doc["metrics"]["c_low"], 0.6);
+    close(&doc["metrics"]["target_met"], 1.0);
+    close(&doc["metrics"]["search_steps"], 2.0);
+    let grad: Vec<f64> = doc["grad"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_f64().unwrap())
+        .collect();
+    let want = [0.0, -0.166667, 0.0, 0.183333, 0.116667, 0.166667];
+    for (g, w) in grad.iter().zip(want) {
+        assert!((g - w).abs() < 1e-6, "{grad:?}");
+    }
+
+    let (ok, doc, err) = bapo_loss(&[
+        "--algo",
+        "bapo",
+        "--bapo-mode",
+        "code",
+        "--input",
+        "tests/fixtures/loss/t1.json",
+    ]);
+    assert!(ok, "{err}");
+    close(&doc["loss"], 0.2);
+    close(&doc["metrics"]["pos_neg_ratio"], 0.675676);
+    close(&doc["metrics"]["c_low"], 0.8);
+    close(&doc["metrics"]["c_high"], 2.0);
+}
+
+#[test]
+fn ppo_options_on_t3() {
+    let input = ["--input", "tests/fixtures/loss/t3.json"];
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--algo"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&input);
+        let (ok, doc, err) = bapo_loss(&args);
+        assert!(ok, "{err}");
+        doc
+    };
+    close(&run(&["ppo", "--clip-eps", "0.2"])["loss"], 0.754167);
+    let dual = run(&["ppo", "--dual-clip", "3"]);
+    close(&dual["loss"], 0.254167);
+    close(&dual["metrics"]["dual_clip_frac"], 1.0 / 6.0);
+    close(
+        &run(&["ppo", "--clip-eps", "0.2", "--clip-eps-high", "0.28"])["loss"],
+        0.7275,
+    );
+    close(&run(&["dapo"])["loss"], 0.7275);
+    close(&run(&["sapo", "--agg", "token-mean"])["loss"], -0.126968);
+    close(&run(&["cispo"])["loss"], 0.353509);
+    let m = &run(&["ppo"])["metrics"];
+    close(&m["kl_k3"], 0.425505);
+    close(&m["ess_token"], 0.567369);
+}
+
+#[test]
+fn malformed_input_exits_non_zero_naming_the_field() {
+    let (ok, _, err) = bapo_loss(&[
+        "--algo",
+        "ppo",
+        "--input",
+        "tests/fixtures/loss/t3_nan.json",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("logp[4]"), "{err}");
+    let (ok, _, err) = bapo_loss(&["--algo", "bapo3", "--input", "tests/fixtures/loss/t3.json"]);
+    assert!(!ok);
+    assert!(err.contains("algo") && err.contains("bapo3"), "{err}");
+    let (ok, _, err) = bapo_loss(&[
+        "--algo",
+        "ppo",
+        "--agg",
+        "mean",
+        "--input",
+        "tests/fixtures/loss/t3.json",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("agg"), "{err}");
+    let (ok, _, err) = bapo_loss(&[
+        "--algo",
+        "ppo",
+        "--input",
+        "tests/fixtures/loss/missing.json",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("missing.json"), "{err}");
+}
