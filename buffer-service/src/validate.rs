@@ -128,7 +128,9 @@ pub fn check(r: &Rollout, encoded_len: usize, limits: Limits) -> Result<(), Reje
     }
     // One pass for the common case; the exact defect is found only when
     // there is one.
-    let clean = packed::f32s(&r.behavior_logprobs).all(|lp| lp.is_finite() && lp <= 0.0);
+    // Without short-circuiting, so the common all-good case vectorises.
+    let clean =
+        packed::f32s(&r.behavior_logprobs).fold(true, |ok, lp| ok & (lp <= 0.0) & lp.is_finite());
     if let Some((i, lp)) = (!clean)
         .then(|| {
             packed::f32s(&r.behavior_logprobs)
