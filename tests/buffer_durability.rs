@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use bapo_proto::v1::{SampleRequest, StatsRequest, VersionReport};
+use bapo_proto::v1::{StatsRequest, VersionReport};
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -75,19 +75,7 @@ async fn kill_9_loses_no_acknowledged_group_and_repeats_no_consumption() {
     }
     // Half a group: pending, must come back as pending.
     push(&mut sink, vec![rollout("half", "half/0", 16, 5)]).await;
-    let consumed: Vec<String> = source
-        .sample(SampleRequest {
-            num_groups: 3,
-            timeout_ms: 1000,
-            allow_partial: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .groups
-        .into_iter()
-        .map(|g| g.group_id)
-        .collect();
+    let consumed = sample_ids(&mut source, 3).await;
     assert_eq!(consumed, ["g0", "g1", "g2"]);
     let text = scrape(metrics).await;
     assert!(
@@ -121,19 +109,7 @@ async fn kill_9_loses_no_acknowledged_group_and_repeats_no_consumption() {
     let again = push(&mut sink, group("g1", 2, 5)).await;
     assert_eq!((again.accepted, again.duplicates), (0, 2));
     push(&mut sink, vec![rollout("half", "half/1", 16, 5)]).await;
-    let rest: HashSet<String> = source
-        .sample(SampleRequest {
-            num_groups: 8,
-            timeout_ms: 1000,
-            allow_partial: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .groups
-        .into_iter()
-        .map(|g| g.group_id)
-        .collect();
+    let rest: HashSet<String> = sample_ids(&mut source, 8).await.into_iter().collect();
     let expected: HashSet<String> = (3..10)
         .map(|g| format!("g{g}"))
         .chain(["half".into()])

@@ -102,3 +102,20 @@ pub async fn push(client: &mut RolloutSinkClient<Channel>, msgs: Vec<v1::Rollout
         .expect("push stream")
         .into_inner()
 }
+
+/// Takes exactly `n` groups (waiting up to a second) and returns their ids.
+pub async fn sample_ids(client: &mut BatchSourceClient<Channel>, n: u32) -> Vec<String> {
+    client
+        .sample(v1::SampleRequest {
+            num_groups: n,
+            timeout_ms: 1000,
+            allow_partial: false,
+        })
+        .await
+        .expect("sample")
+        .into_inner()
+        .groups
+        .into_iter()
+        .map(|g| g.group_id)
+        .collect()
+}

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm,
-    aggregate, log_ratio, ppo::clipped_term,
+    aggregate, ppo::clipped_term,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,12 +111,11 @@ impl PolicyLoss for Decoupled {
     }
 
     fn compute(&self, batch: &TokenBatch, d: &Denominators) -> LossOutput {
-        let weights: Vec<Option<f64>> = (0..batch.len())
-            .map(|t| {
-                let w = match &batch.logp_behav {
-                    Some(b) => log_ratio(batch.logp_old[t], b[t]).exp(),
-                    None => 1.0,
-                };
+        let weights: Vec<Option<f64>> = batch
+            .behav_log_weights()
+            .into_iter()
+            .map(|l| {
+                let w = l.exp();
                 match self.behav_cap {
                     Some((cap, CapMode::Mask)) if w > cap => None,
                     Some((cap, CapMode::Clamp)) => Some(w.min(cap)),

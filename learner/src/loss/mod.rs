@@ -143,6 +143,20 @@ impl TokenBatch {
         out
     }
 
+    /// `log(π_old/π_behav)` per token (clamped); zeros without behaviour
+    /// log-probs, where the sampling policy is the proximal one.
+    pub fn behav_log_weights(&self) -> Vec<f64> {
+        match &self.logp_behav {
+            Some(b) => self
+                .logp_old
+                .iter()
+                .zip(b)
+                .map(|(&old, &behav)| log_ratio(old, behav))
+                .collect(),
+            None => vec![0.0; self.len()],
+        }
+    }
+
     /// `r_t = exp(clamp(lp_θ − lp_old, ±20))` for every token.
     pub fn ratios(&self) -> Vec<f64> {
         self.logp

@@ -10,7 +10,6 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, decoupled::weighted_clipped,
-    log_ratio,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,12 +52,7 @@ impl PolicyLoss for Tis {
     }
 
     fn compute(&self, batch: &TokenBatch, d: &Denominators) -> LossOutput {
-        let log_w: Vec<f64> = match &batch.logp_behav {
-            Some(b) => (0..batch.len())
-                .map(|t| log_ratio(batch.logp_old[t], b[t]))
-                .collect(),
-            None => vec![0.0; batch.len()],
-        };
+        let log_w = batch.behav_log_weights();
         let weights: Vec<Option<f64>> = match self.level {
             TisLevel::Token => log_w.iter().map(|l| Some(l.exp().min(self.cap))).collect(),
             TisLevel::Sequence => {
