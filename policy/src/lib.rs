@@ -1,7 +1,22 @@
-//! The policy of bapo: a Llama/Qwen2-family transformer in Burn, its
-//! tokenizer, sampling, and the tasks and verifiers that score its output.
+//! The policy of bapo: a Llama/Qwen2-family transformer in Burn, sampling
+//! and batched KV-cache generation, and (to come) the tokenizer, HF weight
+//! loading, tasks and verifiers.
 //!
-//! Actors sample from this model and the learner trains it, so both compute
-//! log-probs of exactly the same distribution. The model lands with the
-//! policy-model issue; until then the crate only fixes its place in the
-//! dependency graph (proto <- policy <- actor, learner).
+//! Actors sample from this model and the learner trains it; both compute
+//! log-probs of the same temperature-scaled distribution (`logprob.rs`).
+
+pub mod cache;
+pub mod config;
+pub mod generate;
+pub mod hf;
+pub mod logprob;
+pub mod model;
+pub mod policy;
+pub mod rope;
+pub mod sampling;
+
+pub use burn;
+pub use config::ModelConfig;
+pub use generate::{Finish, Generation, Response};
+pub use policy::Policy;
+pub use sampling::SamplingParams;

@@ -1,0 +1,249 @@
+//! The decoder-only transformer of the Llama/Qwen2 family, in the order data
+//! flows through it: embedding, N × (RMSNorm → grouped-query attention with
+//! rotary positions → residual, RMSNorm → SwiGLU MLP → residual), final
+//! RMSNorm, LM head (tied to the embedding or not).
+//!
+//! Field names follow the Hugging Face checkpoints (`layers.N.self_attn.
+//! q_proj`, ...), so loading one is a matter of the `model.` prefix and
+//! Burn's names for norm scales. Weights are immutable during generation;
+//! the per-request state lives in [`KvCache`].
+
+use burn::{
+    module::Initializer,
+    nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig},
+    prelude::*,
+    tensor::{
+        activation::silu,
+        module::{attention, linear},
+        ops::AttentionModuleOptions,
+    },
+};
+
+use crate::{cache::KvCache, config::ModelConfig, rope::Rope};
+
+/// HF's `initializer_range` default.
+const INIT_STD: f64 = 0.02;
+
+fn dense(d_in: usize, d_out: usize, bias: bool, device: &Device) -> Linear {
+    LinearConfig::new(d_in, d_out)
+        .with_bias(bias)
+        .with_initializer(Initializer::Normal {
+            mean: 0.0,
+            std: INIT_STD,
+        })
+        .init(device)
+}
+
+#[derive(Module, Debug)]
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Attention {
+    fn init(c: &ModelConfig, device: &Device) -> Self {
+        let (h, hd) = (c.hidden_size, c.head_dim());
+        let (nh, nkv) = (c.num_attention_heads, c.kv_heads());
+        Self {
+            q_proj: dense(h, nh * hd, c.qkv_bias(), device),
+            k_proj: dense(h, nkv * hd, c.qkv_bias(), device),
+            v_proj: dense(h, nkv * hd, c.qkv_bias(), device),
+            o_proj: dense(nh * hd, h, false, device),
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+        }
+    }
+
+    /// `x`: `[batch, seq, hidden]` at absolute positions `start..start+seq`.
+    fn forward(
+        &self,
+        x: Tensor<3>,
+        rope: &Rope,
+        start: usize,
+        cache: Option<(&mut KvCache, usize)>,
+    ) -> Tensor<3> {
+        let [b, t, _] = x.dims();
+        let (nh, nkv, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let heads = |y: Tensor<3>, n: usize| y.reshape([b, t, n, hd]).swap_dims(1, 2);
+        let q = rope.apply(heads(self.q_proj.forward(x.clone()), nh), start);
+        let k = rope.apply(heads(self.k_proj.forward(x.clone()), nkv), start);
+        let v = heads(self.v_proj.forward(x), nkv);
+        let (k, v) = match cache {
+            Some((c, layer)) => c.extend(layer, k, v),
+            None => (k, v),
+        };
+        let s = k.dims()[2];
+        let (k, v) = (repeat_kv(k, nh / nkv), repeat_kv(v, nh / nkv));
+        // Burn's causal flag aligns the top-left corner, which is right only
+        // when queries and keys start together; a decode step (t = 1) sees
+        // every cached key; a prefill after cached positions needs a mask.
+        let (mask, is_causal) = if t == 1 {
+            (None, false)
+        } else if s == t {
+            (None, true)
+        } else {
+            (
+                Some(offset_causal_mask(b, nh, t, s, s - t, &q.device())),
+                false,
+            )
+        };
+        let out = attention(
+            q,
+            k,
+            v,
+            mask,
+            None,
+            AttentionModuleOptions {
+                scale: None,
+                softcap: None,
+                is_causal,
+            },
+        );
+        self.o_proj
+            .forward(out.swap_dims(1, 2).reshape([b, t, nh * hd]))
+    }
+}
+
+/// `[b, kv_heads, s, d]` → `[b, kv_heads·n_rep, s, d]`, each kv head shared
+/// by `n_rep` consecutive query heads (HF's `repeat_kv`).
+fn repeat_kv(x: Tensor<4>, n_rep: usize) -> Tensor<4> {
+    if n_rep == 1 {
+        return x;
+    }
+    let [b, h, s, d] = x.dims();
+    x.unsqueeze_dim::<5>(2)
+        .expand([b, h, n_rep, s, d])
+        .reshape([b, h * n_rep, s, d])
+}
+
+/// True where query `i` (absolute position `offset + i`) must not see key
+/// `j`, i.e. `j > offset + i`.
+fn offset_causal_mask(
+    b: usize,
+    h: usize,
+    t: usize,
+    s: usize,
+    offset: usize,
+    device: &Device,
+) -> Tensor<4, Bool> {
+    let rows = Tensor::<1, Int>::arange(offset as i64..(offset + t) as i64, device).reshape([t, 1]);
+    let cols = Tensor::<1, Int>::arange(0..s as i64, device).reshape([1, s]);
+    cols.greater(rows).unsqueeze::<4>().expand([b, h, t, s])
+}
+
+#[derive(Module, Debug)]
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    fn init(c: &ModelConfig, device: &Device) -> Self {
+        let (h, f) = (c.hidden_size, c.intermediate_size);
+        Self {
+            gate_proj: dense(h, f, false, device),
+            up_proj: dense(h, f, false, device),
+            down_proj: dense(f, h, false, device),
+        }
+    }
+
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let gate = silu(self.gate_proj.forward(x.clone()));
+        self.down_proj.forward(gate * self.up_proj.forward(x))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct DecoderLayer {
+    pub input_layernorm: RmsNorm,
+    pub self_attn: Attention,
+    pub post_attention_layernorm: RmsNorm,
+    pub mlp: Mlp,
+}
+
+impl DecoderLayer {
+    fn init(c: &ModelConfig, device: &Device) -> Self {
+        let norm = || {
+            RmsNormConfig::new(c.hidden_size)
+                .with_epsilon(c.rms_norm_eps)
+                .init(device)
+        };
+        Self {
+            input_layernorm: norm(),
+            self_attn: Attention::init(c, device),
+            post_attention_layernorm: norm(),
+            mlp: Mlp::init(c, device),
+        }
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct Transformer {
+    pub embed_tokens: Embedding,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+    /// `None` when tied to `embed_tokens`.
+    pub lm_head: Option<Linear>,
+}
+
+impl Transformer {
+    /// Random weights (normal, std 0.02; norms at 1), as HF initialises.
+    pub fn init(c: &ModelConfig, device: &Device) -> Self {
+        Self {
+            embed_tokens: EmbeddingConfig::new(c.vocab_size, c.hidden_size)
+                .with_initializer(Initializer::Normal {
+                    mean: 0.0,
+                    std: INIT_STD,
+                })
+                .init(device),
+            layers: (0..c.num_hidden_layers)
+                .map(|_| DecoderLayer::init(c, device))
+                .collect(),
+            norm: RmsNormConfig::new(c.hidden_size)
+                .with_epsilon(c.rms_norm_eps)
+                .init(device),
+            lm_head: (!c.tie_word_embeddings)
+                .then(|| dense(c.hidden_size, c.vocab_size, false, device)),
+        }
+    }
+
+    /// Logits `[batch, seq, vocab]` for `tokens` `[batch, seq]`. With a
+    /// cache, the tokens continue the cached positions and the cache grows.
+    pub fn forward(
+        &self,
+        tokens: Tensor<2, Int>,
+        rope: &Rope,
+        mut cache: Option<&mut KvCache>,
+    ) -> Tensor<3> {
+        let t = tokens.dims()[1];
+        let start = cache.as_ref().map_or(0, |c| c.len());
+        let mut x = self.embed_tokens.forward(tokens);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_layernorm.forward(x.clone());
+            let h = layer
+                .self_attn
+                .forward(h, rope, start, cache.as_deref_mut().map(|c| (c, i)));
+            x = x + h;
+            let h = layer
+                .mlp
+                .forward(layer.post_attention_layernorm.forward(x.clone()));
+            x = x + h;
+        }
+        if let Some(c) = cache {
+            c.advance(t);
+        }
+        let x = self.norm.forward(x);
+        match &self.lm_head {
+            Some(head) => head.forward(x),
+            // Tied: the embedding matrix `[vocab, hidden]` read transposed.
+            None => linear(x, self.embed_tokens.weight.val().transpose(), None),
+        }
+    }
+}

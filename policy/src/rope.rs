@@ -1,0 +1,66 @@
+//! Rotary position embeddings in the Hugging Face layout ("rotate half":
+//! the two halves of a head are the real and imaginary parts), which is what
+//! Llama and Qwen2 checkpoints on the Hub expect. Burn's `RotaryEncoding`
+//! rotates interleaved pairs instead, so it cannot load those weights as is.
+//!
+//! The tables are derived from the config, not learned: they live beside
+//! the weights, not in the module record.
+
+use burn::prelude::*;
+
+#[derive(Debug, Clone)]
+pub struct Rope {
+    /// `[max_positions, head_dim]`.
+    cos: Tensor<2>,
+    sin: Tensor<2>,
+}
+
+impl Rope {
+    pub fn new(head_dim: usize, theta: f64, max_positions: usize, device: &Device) -> Self {
+        let half = head_dim / 2;
+        // As HF: inv_freq in f32 from an integer range.
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
+            .collect();
+        let mut cos = Vec::with_capacity(max_positions * head_dim);
+        let mut sin = Vec::with_capacity(max_positions * head_dim);
+        for p in 0..max_positions {
+            // The same frequencies for both halves of the head.
+            for _half in 0..2 {
+                for f in &inv_freq {
+                    let angle = p as f32 * f;
+                    cos.push(angle.cos());
+                    sin.push(angle.sin());
+                }
+            }
+        }
+        let shape = [max_positions, head_dim];
+        Self {
+            cos: Tensor::from_data(TensorData::new(cos, shape), device),
+            sin: Tensor::from_data(TensorData::new(sin, shape), device),
+        }
+    }
+
+    pub fn max_positions(&self) -> usize {
+        self.cos.dims()[0]
+    }
+
+    /// Rotates `x` of shape `[batch, heads, seq, head_dim]` whose first
+    /// position is absolute position `start`.
+    pub fn apply(&self, x: Tensor<4>, start: usize) -> Tensor<4> {
+        let [_, _, t, d] = x.dims();
+        assert!(
+            start + t <= self.max_positions(),
+            "position {} beyond max_position_embeddings {}",
+            start + t,
+            self.max_positions()
+        );
+        let cos = self.cos.clone().narrow(0, start, t).unsqueeze::<4>();
+        let sin = self.sin.clone().narrow(0, start, t).unsqueeze::<4>();
+        let half = d / 2;
+        let x1 = x.clone().narrow(3, 0, half);
+        let x2 = x.clone().narrow(3, half, half);
+        let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+        x * cos + rotated * sin
+    }
+}

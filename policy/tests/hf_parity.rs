@@ -1,0 +1,112 @@
+//! Parity with Hugging Face transformers on tiny random Llama and Qwen2
+//! checkpoints made by `scripts/make-policy-fixtures.sh` (committed; no
+//! Python needed here): logits within 1e-4, identical greedy continuation.
+
+use std::path::PathBuf;
+
+use bapo_policy::{Generation, Policy, SamplingParams, burn::prelude::*, hf};
+
+struct Reference {
+    input_ids: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+    greedy: Vec<u32>,
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn reference(name: &str) -> Reference {
+    let text = std::fs::read_to_string(fixture(name).join("reference.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = |k: &str| -> Vec<u32> {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    Reference {
+        input_ids: ids("input_ids"),
+        greedy: ids("greedy"),
+        logits: v["logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| {
+                row.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap() as f32)
+                    .collect()
+            })
+            .collect(),
+    }
+}
+
+fn check(name: &str) {
+    let device = Device::flex();
+    let policy = hf::load(&fixture(name), &device).unwrap();
+    let r = reference(name);
+    let logits = policy.model.forward(
+        Policy::tokens(std::slice::from_ref(&r.input_ids), &device),
+        &policy.rope,
+        None,
+    );
+    let got: Vec<f32> = logits.into_data().try_into_vec().unwrap();
+    let v = r.logits[0].len();
+    let mut worst = 0f32;
+    for (t, row) in r.logits.iter().enumerate() {
+        for (j, want) in row.iter().enumerate() {
+            worst = worst.max((got[t * v + j] - want).abs());
+        }
+    }
+    assert!(worst < 1e-4, "{name}: max |logit diff| {worst}");
+
+    let mut g = Generation::new(
+        r.input_ids.clone(),
+        1,
+        SamplingParams {
+            temperature: 0.0,
+            max_new_tokens: r.greedy.len(),
+            ..Default::default()
+        },
+    );
+    g.run(&policy, 0);
+    assert_eq!(
+        g.responses()[0].tokens,
+        r.greedy,
+        "{name}: greedy continuation"
+    );
+}
+
+#[test]
+fn llama_matches_transformers() {
+    check("llama");
+}
+
+#[test]
+fn qwen2_matches_transformers() {
+    check("qwen2");
+}
+
+#[test]
+fn a_missing_checkpoint_is_named() {
+    let err = hf::load(&fixture("nope"), &Device::flex()).err().unwrap();
+    assert!(err.to_string().contains("nope"), "{err}");
+}
+
+#[test]
+fn a_truncated_checkpoint_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(fixture("qwen2").join(f), dir.join(f)).unwrap();
+    }
+    let bytes = std::fs::read(fixture("qwen2").join("model.safetensors")).unwrap();
+    std::fs::write(dir.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    let err = hf::load(dir, &Device::flex()).err().unwrap();
+    assert!(err.to_string().contains("model.safetensors"), "{err}");
+}
