@@ -14,6 +14,8 @@ pub mod model;
 pub mod policy;
 pub mod rope;
 pub mod sampling;
+pub mod tokenizer;
+pub mod weights;
 
 pub use burn;
 pub use config::ModelConfig;

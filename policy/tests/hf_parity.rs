@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use bapo_policy::{Generation, Policy, SamplingParams, burn::prelude::*, hf};
+use bapo_policy::{
+    Generation, Policy, SamplingParams, burn::prelude::*, hf, tokenizer::TextTokenizer,
+};
 
 struct Reference {
     input_ids: Vec<u32>,
@@ -83,6 +85,20 @@ fn check(name: &str) {
 }
 
 #[test]
+fn the_tokenizer_encodes_as_transformers_did() {
+    for name in ["llama", "qwen2"] {
+        let tok = TextTokenizer::from_file(&fixture(name).join("tokenizer.json")).unwrap();
+        let text = std::fs::read_to_string(fixture(name).join("reference.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let ids = tok.encode(v["prompt"].as_str().unwrap()).unwrap();
+        assert_eq!(ids, reference(name).input_ids);
+        assert_eq!(tok.decode(&ids).unwrap(), v["prompt"].as_str().unwrap());
+        // Out-of-vocabulary ids are dropped, not fatal.
+        assert_eq!(tok.decode(&[u32::MAX]).unwrap(), "");
+    }
+}
+
+#[test]
 fn llama_matches_transformers() {
     check("llama");
 }
@@ -109,4 +125,44 @@ fn a_truncated_checkpoint_is_refused() {
     std::fs::write(dir.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
     let err = hf::load(dir, &Device::flex()).err().unwrap();
     assert!(err.to_string().contains("model.safetensors"), "{err}");
+}
+
+#[test]
+fn a_saved_policy_reloads_identically_under_transformers_names() {
+    let device = Device::flex();
+    for name in ["llama", "qwen2"] {
+        let policy = hf::load(&fixture(name), &device).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        hf::save(&policy, tmp.path()).unwrap();
+        let again = hf::load(tmp.path(), &device).unwrap();
+        let ids = reference(name).input_ids;
+        let run = |p: &Policy| -> Vec<f32> {
+            p.model
+                .forward(
+                    Policy::tokens(std::slice::from_ref(&ids), &device),
+                    &p.rope,
+                    None,
+                )
+                .into_data()
+                .try_into_vec()
+                .unwrap()
+        };
+        assert_eq!(run(&policy), run(&again), "{name}");
+        // Same tensor names and shapes as the transformers checkpoint.
+        let names = |dir: &std::path::Path| {
+            let b = std::fs::read(dir.join("model.safetensors")).unwrap();
+            let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+            let h: serde_json::Value = serde_json::from_slice(&b[8..8 + n]).unwrap();
+            let mut v: Vec<(String, String)> = h
+                .as_object()
+                .unwrap()
+                .iter()
+                .filter(|(k, _)| k.as_str() != "__metadata__")
+                .map(|(k, t)| (k.clone(), t["shape"].to_string()))
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(tmp.path()), names(&fixture(name)), "{name}");
+    }
 }
