@@ -34,6 +34,13 @@ pub fn token_logprobs_and_entropy(
     (lp, entropy)
 }
 
+/// Only the log-probs of the targets, `[B, T]` (no entropy pass).
+pub fn token_logprobs(logits: Tensor<3>, targets: Tensor<2, Int>, temperature: f32) -> Tensor<2> {
+    log_softmax(logits.div_scalar(temperature), 2)
+        .gather(2, targets.unsqueeze_dim::<3>(2))
+        .squeeze_dim::<2>(2)
+}
+
 /// The next-token view of a sequence: logits at positions `0..T-1` predict
 /// tokens `1..T`. Returns `(logits[:, :-1], tokens[:, 1:])`.
 pub fn shift_for_next_token(

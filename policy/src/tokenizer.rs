@@ -10,6 +10,47 @@ pub struct TokenizerError {
     pub message: String,
 }
 
+/// Special tokens of the built-in character tokenizer, in id order.
+pub const CHAR_SPECIALS: [&str; 3] = ["<pad>", "<eos>", "<unk>"];
+
+/// The built-in tokenizer of the tiny task: one token per printable ASCII
+/// character (digits stay single tokens, which arithmetic wants), plus
+/// `<pad>`, `<eos>` and `<unk>`. 98 tokens. Built with the tokenizers crate
+/// from its JSON form; `policy/assets/char-tokenizer.json` is the shipped
+/// copy (a test keeps the two identical).
+pub fn char_level_json() -> String {
+    let mut vocab = serde_json::Map::new();
+    let mut added = Vec::new();
+    for (id, t) in CHAR_SPECIALS.iter().enumerate() {
+        vocab.insert(t.to_string(), id.into());
+        added.push(serde_json::json!({
+            "id": id, "content": t, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true
+        }));
+    }
+    for c in (32u8..127).map(char::from) {
+        let id = vocab.len();
+        vocab.insert(c.to_string(), id.into());
+    }
+    serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {
+            "type": "Split",
+            "pattern": {"Regex": "(?s)."},
+            "behavior": "Isolated",
+            "invert": false
+        },
+        "post_processor": null,
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    })
+    .to_string()
+}
+
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
     path: String,
@@ -34,6 +75,21 @@ impl TextTokenizer {
         }
     }
 
+    /// The built-in character tokenizer (see [`char_level_json`]).
+    pub fn char_level() -> Self {
+        let inner = tokenizers::Tokenizer::from_bytes(char_level_json().as_bytes())
+            .expect("the built-in tokenizer JSON is valid");
+        Self {
+            inner,
+            path: "<built-in char tokenizer>".into(),
+        }
+    }
+
+    /// Writes the tokenizer as `tokenizer.json`.
+    pub fn save(&self, path: &Path) -> Result<(), TokenizerError> {
+        self.inner.save(path, true).map_err(|e| self.err(e))
+    }
+
     /// Token ids of `text`, without special tokens added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         let enc = self.inner.encode(text, false).map_err(|e| self.err(e))?;
@@ -55,5 +111,43 @@ impl TextTokenizer {
 
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn char_tokenizer_round_trips_arithmetic_and_unknowns() {
+        let t = TextTokenizer::char_level();
+        assert_eq!(t.vocab_size(), 98);
+        let text = "What is 123 * 45? Answer: 5535";
+        let ids = t.encode(text).unwrap();
+        assert_eq!(ids.len(), text.len());
+        assert_eq!(t.decode(&ids).unwrap(), text);
+        assert_eq!(t.token_id("<eos>"), Some(1));
+        // Outside printable ASCII: <unk>, never a panic.
+        assert_eq!(t.encode("é\n").unwrap(), vec![2, 2]);
+    }
+
+    #[test]
+    fn the_shipped_char_tokenizer_is_the_built_one() {
+        let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/char-tokenizer.json");
+        let tmp = tempfile::tempdir().unwrap();
+        let fresh = tmp.path().join("t.json");
+        TextTokenizer::char_level().save(&fresh).unwrap();
+        let fresh = std::fs::read_to_string(fresh).unwrap();
+        if std::env::var_os("BAPO_REGENERATE").is_some() {
+            std::fs::write(shipped, &fresh).unwrap();
+        }
+        let on_disk = std::fs::read_to_string(shipped)
+            .expect("assets/char-tokenizer.json (regenerate with BAPO_REGENERATE=1)");
+        assert_eq!(
+            on_disk, fresh,
+            "regenerate with BAPO_REGENERATE=1 cargo test -p bapo-policy"
+        );
+        let loaded = TextTokenizer::from_file(Path::new(shipped)).unwrap();
+        assert_eq!(loaded.encode("1+1=2").unwrap(), vec![20, 14, 20, 32, 21]);
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod buffer;
 mod latency;
+pub mod model;
 mod redis_streams;
 
 use clap::Subcommand;
@@ -11,10 +12,14 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// The buffer service over loopback gRPC, beside Redis Streams.
     Buffer(buffer::BufferBenchArgs),
+    /// The policy's training step and cached generation, beside JAX.
+    Model(model::ModelBenchArgs),
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Buffer(args) => buffer::run(args).await,
+        // Compute-bound and synchronous: off the async workers.
+        BenchCommand::Model(args) => tokio::task::spawn_blocking(move || model::run(args)).await?,
     }
 }
