@@ -95,6 +95,12 @@ def main(out):
         Qwen2Config(**common, rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
     ).eval()
     write("qwen2", qwen, tok, out)
+    # The same Qwen2 weights as a sharded checkpoint (index + shards).
+    sharded = out / "qwen2-sharded"
+    sharded.mkdir(parents=True, exist_ok=True)
+    qwen.save_pretrained(sharded, safe_serialization=True, max_shard_size="150KB")
+    (sharded / "generation_config.json").unlink(missing_ok=True)
+    print("qwen2-sharded", sorted(p.name for p in sharded.iterdir()))
 
 
 if __name__ == "__main__":

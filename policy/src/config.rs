@@ -190,6 +190,34 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// The config as transformers writes it (`config.json`), with every
+    /// derived value spelled out.
+    pub fn to_hf_json(&self) -> serde_json::Value {
+        let arch = match self.model_type.as_str() {
+            "qwen2" => "Qwen2ForCausalLM",
+            "mistral" => "MistralForCausalLM",
+            _ => "LlamaForCausalLM",
+        };
+        serde_json::json!({
+            "architectures": [arch],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.kv_heads(),
+            "head_dim": self.head_dim(),
+            "hidden_act": "silu",
+            "rope_theta": self.rope_theta(),
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.qkv_bias(),
+            "max_position_embeddings": self.max_position_embeddings,
+            "torch_dtype": "float32",
+        })
+    }
+
     /// Parameters, counting a tied head once.
     pub fn num_params(&self) -> usize {
         let (h, f, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);

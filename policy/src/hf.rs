@@ -102,30 +102,7 @@ pub fn load(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
 /// layout, so vLLM or transformers can serve the trained policy.
 pub fn save(policy: &Policy, dir: &Path) -> Result<(), LoadError> {
     std::fs::create_dir_all(dir).map_err(|e| file_err(dir, e))?;
-    let c = &policy.config;
-    let arch = match c.model_type.as_str() {
-        "qwen2" => "Qwen2ForCausalLM",
-        "mistral" => "MistralForCausalLM",
-        _ => "LlamaForCausalLM",
-    };
-    let config = serde_json::json!({
-        "architectures": [arch],
-        "model_type": c.model_type,
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.kv_heads(),
-        "head_dim": c.head_dim(),
-        "hidden_act": "silu",
-        "rope_theta": c.rope_theta(),
-        "rms_norm_eps": c.rms_norm_eps,
-        "tie_word_embeddings": c.tie_word_embeddings,
-        "attention_bias": c.qkv_bias(),
-        "max_position_embeddings": c.max_position_embeddings,
-        "torch_dtype": "float32",
-    });
+    let config = policy.config.to_hf_json();
     let config_path = dir.join("config.json");
     let text = serde_json::to_string_pretty(&config).map_err(|e| file_err(&config_path, e))?;
     std::fs::write(&config_path, text).map_err(|e| file_err(&config_path, e))?;

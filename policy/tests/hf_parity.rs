@@ -48,9 +48,10 @@ fn reference(name: &str) -> Reference {
     }
 }
 
-fn check(name: &str) {
+/// Loads checkpoint `dir` and compares it with reference `name`.
+fn check_against(dir: &str, name: &str) {
     let device = Device::flex();
-    let policy = hf::load(&fixture(name), &device).unwrap();
+    let policy = hf::load(&fixture(dir), &device).unwrap();
     let r = reference(name);
     let logits = policy.model.forward(
         Policy::tokens(std::slice::from_ref(&r.input_ids), &device),
@@ -98,6 +99,10 @@ fn the_tokenizer_encodes_as_transformers_did() {
     }
 }
 
+fn check(name: &str) {
+    check_against(name, name);
+}
+
 #[test]
 fn llama_matches_transformers() {
     check("llama");
@@ -106,6 +111,15 @@ fn llama_matches_transformers() {
 #[test]
 fn qwen2_matches_transformers() {
     check("qwen2");
+}
+
+#[test]
+fn a_sharded_checkpoint_loads_as_the_single_file_one() {
+    assert_eq!(
+        hf::weight_files(&fixture("qwen2-sharded")).unwrap().len(),
+        3
+    );
+    check_against("qwen2-sharded", "qwen2");
 }
 
 #[test]

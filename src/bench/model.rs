@@ -161,16 +161,7 @@ fn jax_python(a: &ModelBenchArgs) -> Option<PathBuf> {
 }
 
 fn run_jax(python: &PathBuf, c: &ModelConfig, a: &ModelBenchArgs) -> anyhow::Result<Value> {
-    let cfg = serde_json::json!({
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.kv_heads(),
-        "rope_theta": c.rope_theta(),
-        "rms_norm_eps": c.rms_norm_eps,
-    });
+    let cfg = c.to_hf_json();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/bench_model_jax.py");
     let out = Command::new(python)
         .arg(&script)
