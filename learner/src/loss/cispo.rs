@@ -37,25 +37,17 @@ impl PolicyLoss for Cispo {
     fn compute(&self, batch: &TokenBatch, d: &Denominators) -> LossOutput {
         let (lo, hi) = ((1.0 - self.eps_low).max(0.0), 1.0 + self.eps_high);
         let (mut low, mut high) = (0usize, 0usize);
-        let terms: Vec<TokenTerm> = batch
-            .ratios()
-            .iter()
-            .zip(&batch.advantages)
-            .zip(&batch.logp)
-            .zip(&batch.mask)
-            .map(|(((&r, &a), &lp), &m)| {
-                if !m {
-                    return TokenTerm::default();
-                }
-                low += (r < lo) as usize;
-                high += (r > hi) as usize;
-                let w = r.clamp(lo, hi);
-                TokenTerm {
-                    loss: -w * a * lp,
-                    grad: -w * a,
-                }
-            })
-            .collect();
+        let r = batch.ratios();
+        let terms = batch.masked_terms(|t| {
+            let (r, a) = (r[t], batch.advantages[t]);
+            low += (r < lo) as usize;
+            high += (r > hi) as usize;
+            let w = r.clamp(lo, hi);
+            TokenTerm {
+                loss: -w * a * batch.logp[t],
+                grad: -w * a,
+            }
+        });
         let (loss, grad) = aggregate(&terms, self.agg, batch, d);
         let n = batch.masked_count().max(1) as f64;
         let metrics = BTreeMap::from([

@@ -58,25 +58,25 @@ pub fn weighted_clipped(
 ) -> LossOutput {
     let mut clips = ClipCounts::default();
     let mut rejected = 0usize;
-    let terms: Vec<TokenTerm> = batch
-        .ratios()
-        .iter()
-        .enumerate()
-        .map(|(t, &u)| {
-            if !batch.mask[t] {
-                return TokenTerm::default();
-            }
-            let Some(w) = weights[t] else {
-                rejected += 1;
-                return TokenTerm::default();
-            };
-            let term = clipped_term(batch.advantages[t], u, c_low, c_high, dual_clip, &mut clips);
-            TokenTerm {
-                loss: w * term.loss,
-                grad: w * term.grad,
-            }
-        })
-        .collect();
+    let u = batch.ratios();
+    let terms = batch.masked_terms(|t| {
+        let Some(w) = weights[t] else {
+            rejected += 1;
+            return TokenTerm::default();
+        };
+        let term = clipped_term(
+            batch.advantages[t],
+            u[t],
+            c_low,
+            c_high,
+            dual_clip,
+            &mut clips,
+        );
+        TokenTerm {
+            loss: w * term.loss,
+            grad: w * term.grad,
+        }
+    });
     let (loss, grad) = aggregate(&terms, agg, batch, d);
     let n = batch.masked_count();
     let mut metrics = BTreeMap::new();

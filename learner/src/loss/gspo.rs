@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 
 use super::{
-    Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm,
-    aggregate, log_ratio, ppo::clipped_term,
+    Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, aggregate,
+    log_ratio, ppo::clipped_term,
 };
 
 #[derive(Debug, Clone)]
@@ -58,21 +58,10 @@ impl PolicyLoss for Gspo {
         let s = sequence_ratios(batch);
         let mut clips = ClipCounts::default();
         let (lo, hi) = (1.0 - self.eps_low, 1.0 + self.eps_high);
-        let terms: Vec<TokenTerm> = (0..batch.len())
-            .map(|t| {
-                if !batch.mask[t] {
-                    return TokenTerm::default();
-                }
-                clipped_term(
-                    batch.advantages[t],
-                    s[&batch.seq_ids[t]],
-                    lo,
-                    hi,
-                    None,
-                    &mut clips,
-                )
-            })
-            .collect();
+        let terms = batch.masked_terms(|t| {
+            let seq_ratio = s[&batch.seq_ids[t]];
+            clipped_term(batch.advantages[t], seq_ratio, lo, hi, None, &mut clips)
+        });
         let (loss, grad) = aggregate(&terms, self.agg, batch, d);
         let mut metrics = std::collections::BTreeMap::new();
         clips.insert_into(batch.masked_count(), &mut metrics);

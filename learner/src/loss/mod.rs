@@ -157,6 +157,20 @@ impl TokenBatch {
         }
     }
 
+    /// `f(t)` for every masked token `t`, zero terms elsewhere: masked-out
+    /// tokens never reach a loss's formula.
+    pub fn masked_terms(&self, mut f: impl FnMut(usize) -> TokenTerm) -> Vec<TokenTerm> {
+        (0..self.len())
+            .map(|t| {
+                if self.mask[t] {
+                    f(t)
+                } else {
+                    TokenTerm::default()
+                }
+            })
+            .collect()
+    }
+
     /// `r_t = exp(clamp(lp_θ − lp_old, ±20))` for every token.
     pub fn ratios(&self) -> Vec<f64> {
         self.logp

@@ -61,19 +61,17 @@ pub fn clipped_loss(
     dual_clip: Option<f64>,
 ) -> LossOutput {
     let mut clips = ClipCounts::default();
-    let terms: Vec<TokenTerm> = batch
-        .ratios()
-        .iter()
-        .zip(&batch.advantages)
-        .zip(&batch.mask)
-        .map(|((&r, &a), &m)| {
-            if m {
-                clipped_term(a, r, c_low, c_high, dual_clip, &mut clips)
-            } else {
-                TokenTerm::default()
-            }
-        })
-        .collect();
+    let r = batch.ratios();
+    let terms = batch.masked_terms(|t| {
+        clipped_term(
+            batch.advantages[t],
+            r[t],
+            c_low,
+            c_high,
+            dual_clip,
+            &mut clips,
+        )
+    });
     let (loss, grad) = aggregate(&terms, agg, batch, d);
     let mut metrics = BTreeMap::new();
     clips.insert_into(batch.masked_count(), &mut metrics);

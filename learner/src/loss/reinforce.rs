@@ -45,18 +45,6 @@ impl Default for AsymRe {
     }
 }
 
-fn per_token(batch: &TokenBatch, mut f: impl FnMut(f64, f64, f64) -> TokenTerm) -> Vec<TokenTerm> {
-    (0..batch.len())
-        .map(|t| {
-            if batch.mask[t] {
-                f(batch.advantages[t], batch.logp[t], batch.logp_old[t])
-            } else {
-                TokenTerm::default()
-            }
-        })
-        .collect()
-}
-
 impl PolicyLoss for Opmd {
     fn name(&self) -> &'static str {
         "opmd"
@@ -69,8 +57,9 @@ impl PolicyLoss for Opmd {
     fn compute(&self, batch: &TokenBatch, d: &Denominators) -> LossOutput {
         let tau = self.tau;
         let mut reg = 0.0;
-        let terms = per_token(batch, |a, lp, old| {
-            let delta = log_ratio(lp, old);
+        let terms = batch.masked_terms(|t| {
+            let (a, lp) = (batch.advantages[t], batch.logp[t]);
+            let delta = log_ratio(lp, batch.logp_old[t]);
             reg += delta * delta;
             TokenTerm {
                 loss: -a * lp + tau * delta * delta,
@@ -99,9 +88,12 @@ impl PolicyLoss for AsymRe {
 
     fn compute(&self, batch: &TokenBatch, d: &Denominators) -> LossOutput {
         let tau = self.tau;
-        let terms = per_token(batch, |a, lp, _| TokenTerm {
-            loss: -(a + tau) * lp,
-            grad: -(a + tau),
+        let terms = batch.masked_terms(|t| {
+            let a = batch.advantages[t];
+            TokenTerm {
+                loss: -(a + tau) * batch.logp[t],
+                grad: -(a + tau),
+            }
         });
         let (loss, grad) = aggregate(&terms, self.agg, batch, d);
         LossOutput {

@@ -40,25 +40,18 @@ impl PolicyLoss for Sapo {
 
     fn compute(&self, batch: &TokenBatch, d: &Denominators) -> LossOutput {
         let mut gate_sum = 0.0;
-        let terms: Vec<TokenTerm> = batch
-            .ratios()
-            .iter()
-            .zip(&batch.advantages)
-            .zip(&batch.mask)
-            .map(|((&r, &a), &m)| {
-                if !m {
-                    return TokenTerm::default();
-                }
-                let tau = if a > 0.0 { self.tau_pos } else { self.tau_neg };
-                let s = sigmoid(tau * (r - 1.0));
-                let gate = 4.0 * s * (1.0 - s);
-                gate_sum += gate;
-                TokenTerm {
-                    loss: -(4.0 / tau) * s * a,
-                    grad: -a * gate * r,
-                }
-            })
-            .collect();
+        let ratios = batch.ratios();
+        let terms = batch.masked_terms(|t| {
+            let (r, a) = (ratios[t], batch.advantages[t]);
+            let tau = if a > 0.0 { self.tau_pos } else { self.tau_neg };
+            let s = sigmoid(tau * (r - 1.0));
+            let gate = 4.0 * s * (1.0 - s);
+            gate_sum += gate;
+            TokenTerm {
+                loss: -(4.0 / tau) * s * a,
+                grad: -a * gate * r,
+            }
+        });
         let (loss, grad) = aggregate(&terms, self.agg, batch, d);
         let n = batch.masked_count().max(1) as f64;
         let metrics = BTreeMap::from([("sapo_gate_mean".to_string(), gate_sum / n)]);
