@@ -153,7 +153,6 @@ impl BatchSource for BatchSourceService {
             groups_pending: s.groups_pending,
             groups_ready: s.groups_ready,
             bytes_held: s.bytes_held,
-            payload_bytes_held: s.bytes_held,
             rollouts_accepted: s.rollouts_accepted,
             rollouts_duplicate: s.rollouts_duplicate,
             rollouts_rejected: s.rollouts_rejected,
