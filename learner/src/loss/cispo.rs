@@ -4,9 +4,7 @@
 //! `ε_high` was not published, so the default is verl's shared 0.2
 //! (ScaleRL reports performance flat for an upper bound of 4 to 8).
 
-use std::collections::BTreeMap;
-
-use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm, aggregate};
+use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm};
 
 #[derive(Debug, Clone)]
 pub struct Cispo {
@@ -48,17 +46,10 @@ impl PolicyLoss for Cispo {
                 grad: -w * a,
             }
         });
-        let (loss, grad) = aggregate(&terms, self.agg, batch, d);
-        let n = batch.masked_count().max(1) as f64;
-        let metrics = BTreeMap::from([
-            ("is_weight_clip_frac_low".to_string(), low as f64 / n),
-            ("is_weight_clip_frac_high".to_string(), high as f64 / n),
-        ]);
-        LossOutput {
-            loss,
-            grad,
-            metrics,
-        }
+        let mut out = LossOutput::aggregate(&terms, self.agg, batch, d);
+        out.per_token_metric("is_weight_clip_frac_low", low as f64, batch);
+        out.per_token_metric("is_weight_clip_frac_high", high as f64, batch);
+        out
     }
 }
 

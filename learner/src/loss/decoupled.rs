@@ -9,13 +9,11 @@
 //! sampling) or truncates `w` (`clamp`). Masked tokens keep counting in the
 //! denominator: the loss is divided by the original number of tokens.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 
 use super::{
     Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm,
-    aggregate, ppo::clipped_term,
+    ppo::clipped_term,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,28 +75,19 @@ pub fn weighted_clipped(
             grad: w * term.grad,
         }
     });
-    let (loss, grad) = aggregate(&terms, agg, batch, d);
-    let n = batch.masked_count();
-    let mut metrics = BTreeMap::new();
-    clips.insert_into(n, &mut metrics);
+    let mut out = LossOutput::aggregate(&terms, agg, batch, d);
+    clips.insert_into(batch.masked_count(), &mut out.metrics);
     let kept: Vec<f64> = weights
         .iter()
         .zip(&batch.mask)
         .filter_map(|(w, &m)| if m { *w } else { None })
         .collect();
-    metrics.insert(
+    out.metrics.insert(
         "behav_weight_mean".into(),
         kept.iter().sum::<f64>() / kept.len().max(1) as f64,
     );
-    metrics.insert(
-        "behav_rejected_frac".into(),
-        rejected as f64 / n.max(1) as f64,
-    );
-    LossOutput {
-        loss,
-        grad,
-        metrics,
-    }
+    out.per_token_metric("behav_rejected_frac", rejected as f64, batch);
+    out
 }
 
 impl PolicyLoss for Decoupled {

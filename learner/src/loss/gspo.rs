@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 
 use super::{
-    Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, aggregate,
-    log_ratio, ppo::clipped_term,
+    Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, log_ratio,
+    ppo::clipped_term,
 };
 
 #[derive(Debug, Clone)]
@@ -62,16 +62,12 @@ impl PolicyLoss for Gspo {
             let seq_ratio = s[&batch.seq_ids[t]];
             clipped_term(batch.advantages[t], seq_ratio, lo, hi, None, &mut clips)
         });
-        let (loss, grad) = aggregate(&terms, self.agg, batch, d);
-        let mut metrics = std::collections::BTreeMap::new();
-        clips.insert_into(batch.masked_count(), &mut metrics);
+        let mut out = LossOutput::aggregate(&terms, self.agg, batch, d);
+        clips.insert_into(batch.masked_count(), &mut out.metrics);
         let n = s.len().max(1) as f64;
-        metrics.insert("seq_ratio_mean".into(), s.values().sum::<f64>() / n);
-        LossOutput {
-            loss,
-            grad,
-            metrics,
-        }
+        out.metrics
+            .insert("seq_ratio_mean".into(), s.values().sum::<f64>() / n);
+        out
     }
 }
 

@@ -218,17 +218,28 @@ pub struct TokenTerm {
     pub grad: f64,
 }
 
-/// Aggregates per-token terms into the loss and its per-token gradient.
-pub fn aggregate(
-    terms: &[TokenTerm],
-    agg: Aggregation,
-    batch: &TokenBatch,
-    d: &Denominators,
-) -> (f64, Vec<f64>) {
-    let w = agg::weights(agg, batch, d);
-    let loss = terms.iter().zip(&w).map(|(t, w)| t.loss * w).sum();
-    let grad = terms.iter().zip(&w).map(|(t, w)| t.grad * w).collect();
-    (loss, grad)
+impl LossOutput {
+    /// Aggregates per-token terms into the loss and its per-token gradient;
+    /// metrics start empty.
+    pub fn aggregate(
+        terms: &[TokenTerm],
+        agg: Aggregation,
+        batch: &TokenBatch,
+        d: &Denominators,
+    ) -> Self {
+        let w = agg::weights(agg, batch, d);
+        Self {
+            loss: terms.iter().zip(&w).map(|(t, w)| t.loss * w).sum(),
+            grad: terms.iter().zip(&w).map(|(t, w)| t.grad * w).collect(),
+            metrics: BTreeMap::new(),
+        }
+    }
+
+    /// Records `total / masked tokens` as metric `name`.
+    pub fn per_token_metric(&mut self, name: &str, total: f64, batch: &TokenBatch) {
+        let n = batch.masked_count().max(1) as f64;
+        self.metrics.insert(name.to_string(), total / n);
+    }
 }
 
 /// Counts of clipped tokens, reported as fractions of the masked tokens.

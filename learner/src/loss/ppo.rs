@@ -3,11 +3,7 @@
 //! only in bounds and aggregation (their advantages differ, see
 //! `crate::advantage`).
 
-use std::collections::BTreeMap;
-
-use super::{
-    Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm, aggregate,
-};
+use super::{Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm};
 
 /// `ℓ = −min(r A, clip(r, c_low, c_high) A)`, then for `A < 0` the dual clip
 /// `ℓ ← min(ℓ, −c A)`. The gradient coefficient is `−A r` inside the trust
@@ -72,16 +68,11 @@ pub fn clipped_loss(
             &mut clips,
         )
     });
-    let (loss, grad) = aggregate(&terms, agg, batch, d);
-    let mut metrics = BTreeMap::new();
-    clips.insert_into(batch.masked_count(), &mut metrics);
-    metrics.insert("c_low".into(), c_low);
-    metrics.insert("c_high".into(), c_high);
-    LossOutput {
-        loss,
-        grad,
-        metrics,
-    }
+    let mut out = LossOutput::aggregate(&terms, agg, batch, d);
+    clips.insert_into(batch.masked_count(), &mut out.metrics);
+    out.metrics.insert("c_low".into(), c_low);
+    out.metrics.insert("c_high".into(), c_high);
+    out
 }
 
 /// PPO-clip with `[1 − ε_low, 1 + ε_high]` and an optional dual clip.

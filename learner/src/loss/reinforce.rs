@@ -9,11 +9,7 @@
 //! Values are REINFORCE surrogates (their level means nothing); gradients
 //! are what matters. Token-mean aggregation.
 
-use std::collections::BTreeMap;
-
-use super::{
-    Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm, aggregate, log_ratio,
-};
+use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm, log_ratio};
 
 #[derive(Debug, Clone)]
 pub struct Opmd {
@@ -66,14 +62,9 @@ impl PolicyLoss for Opmd {
                 grad: -a + 2.0 * tau * delta,
             }
         });
-        let (loss, grad) = aggregate(&terms, self.agg, batch, d);
-        let n = batch.masked_count().max(1) as f64;
-        let metrics = BTreeMap::from([("k2_regulariser".to_string(), reg / n)]);
-        LossOutput {
-            loss,
-            grad,
-            metrics,
-        }
+        let mut out = LossOutput::aggregate(&terms, self.agg, batch, d);
+        out.per_token_metric("k2_regulariser", reg, batch);
+        out
     }
 }
 
@@ -95,12 +86,7 @@ impl PolicyLoss for AsymRe {
                 grad: -(a + tau),
             }
         });
-        let (loss, grad) = aggregate(&terms, self.agg, batch, d);
-        LossOutput {
-            loss,
-            grad,
-            metrics: BTreeMap::new(),
-        }
+        LossOutput::aggregate(&terms, self.agg, batch, d)
     }
 }
 

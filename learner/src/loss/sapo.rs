@@ -3,9 +3,7 @@
 //! At `r = 1` the gradient weight `4σ(1−σ)` is 1 (plain policy gradient);
 //! far off-policy tokens fade smoothly instead of being cut.
 
-use std::collections::BTreeMap;
-
-use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm, aggregate};
+use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm};
 
 #[derive(Debug, Clone)]
 pub struct Sapo {
@@ -52,14 +50,9 @@ impl PolicyLoss for Sapo {
                 grad: -a * gate * r,
             }
         });
-        let (loss, grad) = aggregate(&terms, self.agg, batch, d);
-        let n = batch.masked_count().max(1) as f64;
-        let metrics = BTreeMap::from([("sapo_gate_mean".to_string(), gate_sum / n)]);
-        LossOutput {
-            loss,
-            grad,
-            metrics,
-        }
+        let mut out = LossOutput::aggregate(&terms, self.agg, batch, d);
+        out.per_token_metric("sapo_gate_mean", gate_sum, batch);
+        out
     }
 }
 
