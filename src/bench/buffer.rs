@@ -194,6 +194,28 @@ async fn pusher(plan: PushPlan, id: usize) -> anyhow::Result<(u64, Latencies)> {
     Ok((sent, lat))
 }
 
+async fn batch_client(addr: SocketAddr) -> anyhow::Result<BatchSourceClient<Channel>> {
+    Ok(BatchSourceClient::new(connect(addr).await?).max_decoding_message_size(usize::MAX))
+}
+
+/// Takes up to `groups` ready groups (waiting up to `timeout_ms`); returns
+/// the rollouts received.
+async fn take_batch(
+    client: &mut BatchSourceClient<Channel>,
+    groups: u32,
+    timeout_ms: u32,
+) -> anyhow::Result<u64> {
+    let batch = client
+        .sample(SampleRequest {
+            num_groups: groups,
+            timeout_ms,
+            allow_partial: true,
+        })
+        .await?
+        .into_inner();
+    Ok(batch.groups.iter().map(|g| g.rollouts.len() as u64).sum())
+}
+
 /// Samples batches and reports a new version after each, until the pushers
 /// are done (a pusher held by backpressure at its deadline needs the learner
 /// to make room).
@@ -203,26 +225,14 @@ async fn learner(
     done: Arc<AtomicBool>,
     version: Arc<AtomicU64>,
 ) -> anyhow::Result<u64> {
-    let mut client =
-        BatchSourceClient::new(connect(addr).await?).max_decoding_message_size(usize::MAX);
+    let mut client = batch_client(addr).await?;
     let mut rollouts = 0u64;
     while !done.load(Relaxed) {
-        let batch = client
-            .sample(SampleRequest {
-                num_groups: batch_groups,
-                timeout_ms: 50,
-                allow_partial: true,
-            })
-            .await?
-            .into_inner();
-        if batch.groups.is_empty() {
+        let taken = take_batch(&mut client, batch_groups, 50).await?;
+        if taken == 0 {
             continue;
         }
-        rollouts += batch
-            .groups
-            .iter()
-            .map(|g| g.rollouts.len() as u64)
-            .sum::<u64>();
+        rollouts += taken;
         let v = version.load(Relaxed) + 1;
         client.report_version(VersionReport { version: v }).await?;
         version.store(v, Relaxed);
@@ -399,27 +409,15 @@ pub async fn run(args: BufferBenchArgs) -> anyhow::Result<()> {
 /// when it does not share the CPU with the pushers. Also gives the held-bytes
 /// probe an empty buffer.
 async fn drain(addr: SocketAddr, batch_groups: u32) -> anyhow::Result<(u64, f64)> {
-    let mut client =
-        BatchSourceClient::new(connect(addr).await?).max_decoding_message_size(usize::MAX);
+    let mut client = batch_client(addr).await?;
     let start = Instant::now();
     let mut rollouts = 0u64;
     loop {
-        let batch = client
-            .sample(SampleRequest {
-                num_groups: batch_groups,
-                timeout_ms: 0,
-                allow_partial: true,
-            })
-            .await?
-            .into_inner();
-        if batch.groups.is_empty() {
+        let taken = take_batch(&mut client, batch_groups, 0).await?;
+        if taken == 0 {
             break;
         }
-        rollouts += batch
-            .groups
-            .iter()
-            .map(|g| g.rollouts.len() as u64)
-            .sum::<u64>();
+        rollouts += taken;
     }
     Ok((rollouts, start.elapsed().as_secs_f64()))
 }
@@ -431,8 +429,7 @@ async fn held_bytes_per_payload_byte(
     addr: SocketAddr,
     sample: &Payload,
 ) -> anyhow::Result<f64> {
-    let mut stats =
-        BatchSourceClient::new(connect(addr).await?).max_decoding_message_size(usize::MAX);
+    let mut stats = batch_client(addr).await?;
     let before = stats.get_stats(StatsRequest {}).await?.into_inner();
     let mut client =
         RolloutSinkClient::new(connect(addr).await?).max_encoding_message_size(usize::MAX);
