@@ -1,6 +1,5 @@
 //! The bapo learner: advantages, the BAPO loss and the baselines it is
-//! compared with, and (to come) the optimiser, checkpoints and weight
-//! broadcast.
+//! compared with, the training step, checkpoints and the weight broadcast.
 //!
 //! Every policy loss is written once, in f64, as a function of the per-token
 //! log-probs: it returns the loss and its exact gradient with respect to
@@ -10,6 +9,15 @@
 //! numerics the model is trained with.
 
 pub mod advantage;
+pub mod config;
+pub mod grads;
 pub mod loss;
+pub mod rollouts;
+pub mod schedule;
 pub mod stats;
+pub mod trainer;
 pub mod vcpo;
+
+pub use config::LearnerConfig;
+pub use rollouts::TrainGroup;
+pub use trainer::{StepReport, Trainer};

@@ -1,0 +1,134 @@
+//! Groups off the wire, decoded into what a training step needs. The buffer
+//! validated them already; this still refuses anything it cannot train on
+//! (naming the rollout), because a learner must not crash on one bad group.
+
+use bapo_proto::{packed, v1};
+
+/// One response with its prompt, as trained on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sequence {
+    pub prompt: Vec<u32>,
+    pub response: Vec<u32>,
+    /// `lp_behav` of each response token.
+    pub behavior_logprobs: Vec<f32>,
+    /// Policy version that produced each response token.
+    pub versions: Vec<u32>,
+    pub reward: f32,
+}
+
+/// The responses to one prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainGroup {
+    pub group_id: String,
+    pub sequences: Vec<Sequence>,
+    /// The buffer's consumption-order position.
+    pub sequence_number: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("group {group_id}, rollout {rollout_id}: {message}")]
+pub struct RolloutError {
+    pub group_id: String,
+    pub rollout_id: String,
+    pub message: String,
+}
+
+impl TrainGroup {
+    pub fn from_wire(g: &v1::Group) -> Result<Self, RolloutError> {
+        let sequences = g
+            .rollouts
+            .iter()
+            .map(|r| {
+                let err = |message: String| RolloutError {
+                    group_id: g.group_id.clone(),
+                    rollout_id: r.rollout_id.clone(),
+                    message,
+                };
+                let prompt = packed::unpack_u32(&r.prompt_tokens)
+                    .map_err(|e| err(format!("prompt_tokens: {e}")))?;
+                let response = packed::unpack_u32(&r.response_tokens)
+                    .map_err(|e| err(format!("response_tokens: {e}")))?;
+                let behavior_logprobs = packed::unpack_f32(&r.behavior_logprobs)
+                    .map_err(|e| err(format!("behavior_logprobs: {e}")))?;
+                let versions = packed::unpack_u32(&r.token_versions)
+                    .map_err(|e| err(format!("token_versions: {e}")))?;
+                if prompt.is_empty() || response.is_empty() {
+                    return Err(err("empty prompt or response".into()));
+                }
+                if behavior_logprobs.len() != response.len() || versions.len() != response.len() {
+                    return Err(err(format!(
+                        "{} response tokens but {} log-probs and {} versions",
+                        response.len(),
+                        behavior_logprobs.len(),
+                        versions.len()
+                    )));
+                }
+                if !r.reward.is_finite() {
+                    return Err(err(format!("reward {} is not finite", r.reward)));
+                }
+                Ok(Sequence {
+                    prompt,
+                    response,
+                    behavior_logprobs,
+                    versions,
+                    reward: r.reward,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            group_id: g.group_id.clone(),
+            sequences,
+            sequence_number: g.sequence,
+        })
+    }
+
+    /// `learner_version − oldest token version` per sequence.
+    pub fn staleness(&self, learner_version: u64) -> impl Iterator<Item = u64> + '_ {
+        self.sequences.iter().map(move |s| {
+            let oldest = s.versions.iter().copied().min().unwrap_or(0) as u64;
+            learner_version.saturating_sub(oldest)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rollout(id: &str, resp: &[u32], lps: &[f32]) -> v1::Rollout {
+        v1::Rollout {
+            rollout_id: id.into(),
+            group_id: "g".into(),
+            prompt_tokens: packed::pack_u32(&[1, 2]),
+            response_tokens: packed::pack_u32(resp),
+            behavior_logprobs: packed::pack_f32(lps),
+            token_versions: packed::pack_u32(&vec![3; resp.len()]),
+            reward: 1.0,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn decodes_and_measures_staleness() {
+        let g = v1::Group {
+            group_id: "g".into(),
+            rollouts: vec![rollout("a", &[5, 6], &[-0.1, -0.2])],
+            sequence: 9,
+            ..Default::default()
+        };
+        let t = TrainGroup::from_wire(&g).unwrap();
+        assert_eq!(t.sequences[0].response, vec![5, 6]);
+        assert_eq!(t.staleness(7).collect::<Vec<_>>(), vec![4]);
+    }
+
+    #[test]
+    fn ragged_rollout_is_refused_by_name() {
+        let g = v1::Group {
+            group_id: "g".into(),
+            rollouts: vec![rollout("bad", &[5, 6], &[-0.1])],
+            ..Default::default()
+        };
+        let e = TrainGroup::from_wire(&g).unwrap_err().to_string();
+        assert!(e.contains("rollout bad") && e.contains("2 response tokens"), "{e}");
+    }
+}

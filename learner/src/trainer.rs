@@ -1,0 +1,468 @@
+//! One optimiser step on a batch of groups, with nothing of gRPC in it:
+//! advantages, current log-probs, the configured loss over the whole step
+//! (so BAPO's bound search and every denominator are global), the
+//! surrogate backward pass per micro-batch, global-norm clipping and AdamW.
+//!
+//! The loss is computed on the host in f64 from the per-token log-probs
+//! (`loss/`), giving `∂L/∂lp_t` exactly; the model is trained with the
+//! surrogate `Σ_t sg(∂L/∂lp_t) · lp_t`, whose gradient is the same.
+
+use std::{collections::BTreeMap, ops::Range, time::Instant};
+
+use bapo_policy::{
+    ModelConfig, Policy,
+    burn::{
+        module::Module,
+        optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer},
+        prelude::*,
+    },
+    logprob::{shift_for_next_token, token_logprobs, token_logprobs_and_entropy},
+    model::Transformer,
+    rope::Rope,
+};
+
+use crate::{
+    advantage::batch_advantages,
+    config::{LearnerConfig, Proximal},
+    grads::clip_global_norm,
+    loss::{Denominators, LossError, LossOutput, PolicyLoss, TokenBatch},
+    rollouts::TrainGroup,
+    stats::ratio_metrics,
+    vcpo::{LrRule, lr_scale},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("config: {0}")]
+    Config(#[from] LossError),
+    #[error(
+        "sequence {index} of group {group} has {len} tokens, more than the model's {max} positions"
+    )]
+    TooLong {
+        group: String,
+        index: usize,
+        len: usize,
+        max: usize,
+    },
+    #[error("token id {id} in group {group} is outside the vocabulary ({vocab})")]
+    BadToken { group: String, id: u32, vocab: usize },
+    #[error("the batch holds no sequence to train on")]
+    Empty,
+}
+
+/// What one step did, for logs and metrics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepReport {
+    /// The optimiser step just taken (1-based).
+    pub step: u64,
+    /// The policy version after it.
+    pub version: u64,
+    pub loss: f64,
+    pub lr: f64,
+    pub sequences: usize,
+    pub tokens: usize,
+    pub seconds: f64,
+    /// Everything else, by name: the loss's metrics, entropy, ratio stats,
+    /// grad norms, rewards, lengths, staleness.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// A step's gradients before the optimiser sees them.
+pub struct Backward {
+    pub grads: GradientsParams,
+    /// The host loss: value, `∂L/∂lp` per token, metrics.
+    pub loss: LossOutput,
+    /// The token batch it was computed on (current log-probs included).
+    pub batch: TokenBatch,
+    /// `Σ_t (lp_θ − lp_behav)` per sequence.
+    pub seq_log_weights: Vec<f64>,
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// One trained sequence laid out for the model.
+struct Row {
+    tokens: Vec<u32>,
+    /// Shifted position of the first response token.
+    start: usize,
+    len: usize,
+    /// Index of the first response token in the flattened token batch.
+    offset: usize,
+}
+
+pub struct Trainer {
+    pub(crate) cfg: LearnerConfig,
+    pub(crate) model_config: ModelConfig,
+    pub(crate) device: Device,
+    pub(crate) model: Transformer,
+    pub(crate) optim: ModuleOptimizer,
+    rope: Rope,
+    loss: Box<dyn PolicyLoss>,
+    /// Frozen initial policy, for the KL penalty.
+    reference: Option<Transformer>,
+    pub(crate) step: u64,
+    pub(crate) version: u64,
+}
+
+impl Trainer {
+    /// Trains `policy`'s weights (moved onto the autodiff form of their
+    /// device), starting at policy version `version`.
+    pub fn new(cfg: LearnerConfig, policy: Policy, version: u64) -> Result<Self, TrainError> {
+        cfg.validate()?;
+        let loss = cfg.build_loss()?;
+        let device = policy.device().autodiff();
+        let rope = Rope::new(
+            policy.config.head_dim(),
+            policy.config.rope_theta(),
+            policy.config.max_position_embeddings,
+            &device,
+        );
+        let reference = (cfg.kl_coef > 0.0).then(|| policy.model.valid());
+        let model = policy.model.to_device(&device).train();
+        let optim = AdamWConfig::new()
+            .with_beta_1(cfg.beta1 as f32)
+            .with_beta_2(cfg.beta2 as f32)
+            .with_weight_decay(cfg.weight_decay as f32)
+            .init();
+        Ok(Self {
+            cfg,
+            model_config: policy.config,
+            device,
+            model,
+            optim,
+            rope,
+            loss,
+            reference,
+            step: 0,
+            version,
+        })
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn steps_done(&self) -> u64 {
+        self.step
+    }
+
+    pub fn config(&self) -> &LearnerConfig {
+        &self.cfg
+    }
+
+    /// The current weights, without autodiff, for evaluation and
+    /// publishing. Shares the tensors.
+    pub fn policy(&self) -> Policy {
+        let model = self.model.valid();
+        let device = self.device.clone().inner();
+        Policy::with_model(self.model_config.clone(), model, &device)
+    }
+
+    /// The current weights as trained (autodiff form).
+    pub fn model(&self) -> &Transformer {
+        &self.model
+    }
+
+    /// One optimiser step over `groups`; advances the version by one.
+    pub fn step(&mut self, groups: &[TrainGroup]) -> Result<StepReport, TrainError> {
+        let t0 = Instant::now();
+        let Backward {
+            mut grads,
+            loss,
+            batch,
+            seq_log_weights,
+            mut metrics,
+        } = self.gradients(groups)?;
+        let (norm_before, norm_after) =
+            clip_global_norm(&self.model, &mut grads, self.cfg.max_grad_norm);
+        let mut lr = self.cfg.schedule().at(self.step);
+        if self.cfg.vcpo {
+            let scale = lr_scale(&seq_log_weights, 0.5, LrRule::Sqrt);
+            metrics.insert("vcpo_lr_scale".into(), scale);
+            lr *= scale;
+        }
+        self.model = self.optim.step(lr, self.model.clone(), grads);
+        self.step += 1;
+        self.version += 1;
+        metrics.insert("grad_norm".into(), norm_before);
+        metrics.insert("grad_norm_clipped".into(), norm_after);
+        Ok(StepReport {
+            step: self.step,
+            version: self.version,
+            loss: loss.loss,
+            lr,
+            sequences: seq_log_weights.len(),
+            tokens: batch.len(),
+            seconds: t0.elapsed().as_secs_f64(),
+            metrics,
+        })
+    }
+
+    /// The loss of `groups` under the current weights and its gradient with
+    /// respect to every parameter (accumulated over micro-batches), without
+    /// changing anything.
+    pub fn gradients(&self, groups: &[TrainGroup]) -> Result<Backward, TrainError> {
+        let (rows, batch_skel, mut metrics) = self.layout(groups)?;
+        let n_tokens = batch_skel.advantages.len();
+        let micro: Vec<Range<usize>> = (0..rows.len())
+            .step_by(self.cfg.micro_batch_seqs)
+            .map(|s| s..(s + self.cfg.micro_batch_seqs).min(rows.len()))
+            .collect();
+
+        // Current log-probs: in a no-grad pass first when the loss needs
+        // them before the first backward pass (several micro-batches, or a
+        // recomputed proximal policy); else read off the one autodiff pass.
+        let prepass = micro.len() > 1 || self.cfg.proximal == Proximal::Recompute;
+        let mut out: Option<(LossOutput, TokenBatch)> = None;
+        if prepass {
+            let valid = self.model.valid();
+            let rope = self.plain_rope();
+            let mut lp = vec![0.0; n_tokens];
+            for mb in &micro {
+                let tokens = self.tokens(&rows[mb.clone()], &self.device.clone().inner());
+                let logits = valid.forward(tokens.clone(), &rope, None);
+                let (logits, targets) = shift_for_next_token(logits, tokens);
+                let host = to_host(token_logprobs(logits, targets, self.cfg.temperature));
+                scatter_response(&rows[mb.clone()], &host, &mut lp);
+            }
+            out = Some(self.compute_loss(&batch_skel, lp)?);
+        }
+
+        let mut accum = GradientsAccumulator::<Transformer>::new();
+        let (mut entropy_sum, mut kl_sum) = (0.0f64, 0.0f64);
+        let inv_tokens = 1.0 / n_tokens as f32;
+        for mb in &micro {
+            let rows = &rows[mb.clone()];
+            let tokens = self.tokens(rows, &self.device);
+            let logits = self.model.forward(tokens.clone(), &self.rope, None);
+            let (logits, targets) = shift_for_next_token(logits, tokens.clone());
+            let (lp, entropy) = token_logprobs_and_entropy(logits, targets, self.cfg.temperature);
+            let [b, t] = lp.dims();
+            if out.is_none() {
+                let host = to_host(lp.clone());
+                let mut flat = vec![0.0; n_tokens];
+                scatter_response(rows, &host, &mut flat);
+                out = Some(self.compute_loss(&batch_skel, flat)?);
+            }
+            let (loss_out, _) = out.as_ref().expect("computed above");
+            let coef = response_grid(rows, [b, t], |row, j| loss_out.grad[row.offset + j] as f32);
+            let mask = response_grid(rows, [b, t], |_, _| inv_tokens);
+            let coef = Tensor::<2>::from_data(TensorData::new(coef, [b, t]), &self.device);
+            let mask = Tensor::<2>::from_data(TensorData::new(mask, [b, t]), &self.device);
+            let weighted_entropy = entropy.mul(mask.clone()).sum();
+            entropy_sum += weighted_entropy.clone().into_scalar::<f32>() as f64;
+            let mut objective = lp.clone().mul(coef).sum();
+            if self.cfg.entropy_coef > 0.0 {
+                objective = objective - weighted_entropy.mul_scalar(self.cfg.entropy_coef as f32);
+            }
+            if let Some(reference) = &self.reference {
+                let rope = self.plain_rope();
+                let plain = self.device.clone().inner();
+                let tokens_ref = self.tokens(rows, &plain);
+                let logits = reference.forward(tokens_ref.clone(), &rope, None);
+                let (logits, targets) = shift_for_next_token(logits, tokens_ref);
+                let ref_lp = to_host(token_logprobs(logits, targets, self.cfg.temperature));
+                let ref_lp = Tensor::<2>::from_data(TensorData::new(ref_lp, [b, t]), &self.device);
+                // k3 = exp(lp_ref − lp) − (lp_ref − lp) − 1 ≥ 0.
+                let d = ref_lp.sub(lp);
+                let k3 = d.clone().exp().sub(d).sub_scalar(1.0).mul(mask).sum();
+                kl_sum += k3.clone().into_scalar::<f32>() as f64;
+                objective = objective + k3.mul_scalar(self.cfg.kl_coef as f32);
+            }
+            let grads = GradientsParams::from_grads(objective.backward(), &self.model);
+            accum.accumulate(&self.model, grads);
+        }
+        let (loss_out, batch) = out.ok_or(TrainError::Empty)?;
+
+        let seq_log_weights = seq_log_weights(&rows, &batch);
+        metrics.extend(loss_out.metrics.clone());
+        metrics.extend(ratio_metrics(&batch));
+        metrics.insert("entropy".into(), entropy_sum);
+        if self.reference.is_some() {
+            metrics.insert("kl_ref_k3".into(), kl_sum);
+        }
+        Ok(Backward {
+            grads: accum.grads(),
+            loss: loss_out,
+            batch,
+            seq_log_weights,
+            metrics,
+        })
+    }
+
+    /// Rows, the token batch without current log-probs, and the batch's
+    /// data metrics (reward, length, staleness).
+    fn layout(
+        &self,
+        groups: &[TrainGroup],
+    ) -> Result<(Vec<Row>, TokenBatch, BTreeMap<String, f64>), TrainError> {
+        let rewards: Vec<Vec<f64>> = groups
+            .iter()
+            .map(|g| g.sequences.iter().map(|s| s.reward as f64).collect())
+            .collect();
+        let adv = batch_advantages(
+            &rewards,
+            self.cfg.advantage,
+            self.cfg.filter_zero_variance,
+        );
+        let max = self.model_config.max_position_embeddings;
+        let vocab = self.model_config.vocab_size;
+        let mut rows = Vec::new();
+        let mut skel = TokenBatch {
+            advantages: Vec::new(),
+            logp: Vec::new(),
+            logp_old: Vec::new(),
+            logp_behav: None,
+            mask: Vec::new(),
+            seq_ids: Vec::new(),
+        };
+        let mut behav = Vec::new();
+        let (mut stale, mut lens, mut all_rewards) = (Vec::new(), Vec::new(), Vec::new());
+        for (g, a) in groups.iter().zip(&adv.groups) {
+            all_rewards.extend(g.sequences.iter().map(|s| s.reward as f64));
+            stale.extend(g.staleness(self.version));
+            let Some(a) = a else { continue };
+            for (i, (s, &adv)) in g.sequences.iter().zip(a).enumerate() {
+                let len = s.prompt.len() + s.response.len();
+                if len > max {
+                    return Err(TrainError::TooLong {
+                        group: g.group_id.clone(),
+                        index: i,
+                        len,
+                        max,
+                    });
+                }
+                if let Some(&id) = s.prompt.iter().chain(&s.response).find(|&&t| t as usize >= vocab) {
+                    return Err(TrainError::BadToken {
+                        group: g.group_id.clone(),
+                        id,
+                        vocab,
+                    });
+                }
+                let seq = rows.len() as u32;
+                rows.push(Row {
+                    tokens: s.prompt.iter().chain(&s.response).copied().collect(),
+                    start: s.prompt.len() - 1,
+                    len: s.response.len(),
+                    offset: skel.advantages.len(),
+                });
+                lens.push(s.response.len() as f64);
+                for &lp in &s.behavior_logprobs {
+                    skel.advantages.push(adv);
+                    skel.mask.push(true);
+                    skel.seq_ids.push(seq);
+                    behav.push((lp as f64).min(0.0));
+                }
+            }
+        }
+        if rows.is_empty() {
+            return Err(TrainError::Empty);
+        }
+        skel.logp_behav = Some(behav);
+        let mut m = BTreeMap::new();
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        m.insert("reward_mean".into(), mean(&all_rewards));
+        m.insert("response_len_mean".into(), mean(&lens));
+        let stale: Vec<f64> = stale.into_iter().map(|s| s as f64).collect();
+        m.insert("staleness_mean".into(), mean(&stale));
+        m.insert(
+            "staleness_max".into(),
+            stale.iter().copied().fold(0.0, f64::max),
+        );
+        m.insert(
+            "staleness_min".into(),
+            stale.iter().copied().fold(f64::INFINITY, f64::min),
+        );
+        m.insert("groups".into(), groups.len() as f64);
+        m.insert(
+            "zero_variance_groups".into(),
+            adv.zero_variance_groups as f64,
+        );
+        Ok((rows, skel, m))
+    }
+
+    /// The loss over the whole step, from the current log-probs `lp`.
+    fn compute_loss(
+        &self,
+        skel: &TokenBatch,
+        lp: Vec<f64>,
+    ) -> Result<(LossOutput, TokenBatch), TrainError> {
+        let lp: Vec<f64> = lp.into_iter().map(|x| x.min(0.0)).collect();
+        let behav = skel.logp_behav.clone().expect("layout sets behaviour log-probs");
+        let (old, behav) = match self.cfg.proximal {
+            Proximal::Behavior => (behav, None),
+            Proximal::Recompute => (lp.clone(), Some(behav)),
+        };
+        let batch = TokenBatch::new(
+            skel.advantages.clone(),
+            lp,
+            old,
+            behav,
+            Some(skel.mask.clone()),
+            Some(skel.seq_ids.clone()),
+        )?;
+        let out = self.loss.compute(&batch, &Denominators::of(&batch));
+        Ok((out, batch))
+    }
+
+    fn tokens(&self, rows: &[Row], device: &Device) -> Tensor<2, Int> {
+        let t = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(1);
+        let padded: Vec<Vec<u32>> = rows
+            .iter()
+            .map(|r| {
+                let mut v = r.tokens.clone();
+                v.resize(t, 0);
+                v
+            })
+            .collect();
+        Policy::tokens(&padded, device)
+    }
+
+    fn plain_rope(&self) -> Rope {
+        Rope::new(
+            self.model_config.head_dim(),
+            self.model_config.rope_theta(),
+            self.model_config.max_position_embeddings,
+            &self.device.clone().inner(),
+        )
+    }
+}
+
+fn to_host(t: Tensor<2>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .expect("log-probs are f32")
+}
+
+/// Copies each row's response positions out of a `[b, t]` grid.
+fn scatter_response(rows: &[Row], grid: &[f32], flat: &mut [f64]) {
+    let t = grid.len() / rows.len().max(1);
+    for (i, r) in rows.iter().enumerate() {
+        for j in 0..r.len {
+            flat[r.offset + j] = grid[i * t + r.start + j] as f64;
+        }
+    }
+}
+
+/// A `[b, t]` grid, `f(row, j)` at each row's response positions, 0 elsewhere.
+fn response_grid(rows: &[Row], [b, t]: [usize; 2], f: impl Fn(&Row, usize) -> f32) -> Vec<f32> {
+    let mut g = vec![0.0; b * t];
+    for (i, r) in rows.iter().enumerate() {
+        for j in 0..r.len {
+            g[i * t + r.start + j] = f(r, j);
+        }
+    }
+    g
+}
+
+/// `Σ_t (lp_θ − lp_behav)` per sequence: how far each has drifted.
+fn seq_log_weights(rows: &[Row], batch: &TokenBatch) -> Vec<f64> {
+    let behav = batch.logp_behav.as_ref().unwrap_or(&batch.logp_old);
+    rows.iter()
+        .map(|r| {
+            (r.offset..r.offset + r.len)
+                .map(|k| batch.logp[k] - behav[k])
+                .sum()
+        })
+        .collect()
+}

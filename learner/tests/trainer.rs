@@ -1,0 +1,140 @@
+//! The training step on the real tiny model: it learns, its gradients are
+//! the loss's (finite differences), and micro-batching changes nothing.
+
+mod common;
+
+use bapo_learner::{Trainer, config::Proximal};
+use bapo_policy::burn::{module::Param, prelude::*};
+use common::{config, group, logprobs, tiny_policy};
+
+#[test]
+fn steps_raise_the_probability_of_rewarded_responses() {
+    for algo in ["bapo", "grpo", "dapo", "cispo", "decoupled"] {
+        let policy = tiny_policy(1);
+        let groups: Vec<_> = (0..4).map(|i| group(&policy, i, 0)).collect();
+        let prompt = &groups[0].sequences[0].prompt;
+        let before: f32 = logprobs(&policy, prompt, &[10, 10, 4]).iter().sum();
+        let mut cfg = config(algo);
+        if algo == "decoupled" {
+            cfg.proximal = Proximal::Recompute;
+        }
+        let mut t = Trainer::new(cfg, policy, 0).unwrap();
+        for _ in 0..5 {
+            let r = t.step(&groups).unwrap();
+            assert!(r.loss.is_finite(), "{algo}: loss {}", r.loss);
+        }
+        assert_eq!(t.version(), 5);
+        let after: f32 = logprobs(&t.policy(), prompt, &[10, 10, 4]).iter().sum();
+        assert!(
+            after > before + 0.5,
+            "{algo}: rewarded response log-prob {before} -> {after}"
+        );
+    }
+}
+
+#[test]
+fn bapo_reports_its_bounds_and_the_step_metrics() {
+    let stale = tiny_policy(2);
+    let groups: Vec<_> = (0..4).map(|i| group(&stale, i, 0)).collect();
+    let mut t = Trainer::new(config("bapo"), tiny_policy(3), 4).unwrap();
+    let r = t.step(&groups).unwrap();
+    for key in [
+        "c_low",
+        "c_high",
+        "pos_fraction",
+        "entropy",
+        "grad_norm",
+        "reward_mean",
+        "staleness_mean",
+        "clip_frac_low",
+        "ratio_mean",
+    ] {
+        assert!(r.metrics.contains_key(key), "missing {key}: {:?}", r.metrics);
+    }
+    assert_eq!(r.metrics["staleness_max"], 4.0);
+    assert_eq!(r.metrics["reward_mean"], 0.5);
+    assert_eq!(r.tokens, 4 * 4 * 3);
+}
+
+fn direction(n: usize, device: &Device) -> Tensor<1> {
+    let d: Vec<f32> = (0..n).map(|i| ((i * 37 % 11) as f32 - 5.0) / 5.0).collect();
+    Tensor::from_data(TensorData::new(d, [n]), device)
+}
+
+/// The parameter gradient of the surrogate equals the finite-difference
+/// derivative of the host loss, along a direction in the final norm's
+/// weights (through every layer's output).
+#[test]
+fn gradients_match_finite_differences_through_the_model() {
+    let stale = tiny_policy(4);
+    let groups: Vec<_> = (0..2).map(|i| group(&stale, i, 0)).collect();
+    let t = Trainer::new(config("grpo"), tiny_policy(5), 0).unwrap();
+    let back = t.gradients(&groups).unwrap();
+    let gamma = &t.model().norm.gamma;
+    let n = gamma.val().dims()[0];
+    let d = direction(n, &gamma.val().device());
+    let g = back.grads.get::<1>(gamma.id).expect("gradient of the final norm");
+    let analytic = g.mul(d.clone()).sum().into_scalar::<f32>() as f64;
+
+    let loss_at = |eps: f32| {
+        let mut policy = t.policy();
+        let gamma = policy.model.norm.gamma.val();
+        let shifted = gamma.clone() + direction(n, &gamma.device()).mul_scalar(eps);
+        policy.model.norm.gamma = Param::from_tensor(shifted);
+        let t2 = Trainer::new(config("grpo"), policy, 0).unwrap();
+        t2.gradients(&groups).unwrap().loss.loss
+    };
+    let eps = 1e-2;
+    let numeric = (loss_at(eps) - loss_at(-eps)) / (2.0 * eps as f64);
+    let tol = 2e-2 * analytic.abs().max(1e-3);
+    assert!(
+        (numeric - analytic).abs() < tol,
+        "analytic {analytic} vs finite difference {numeric}"
+    );
+}
+
+#[test]
+fn micro_batching_gives_the_same_loss_and_gradients() {
+    let stale = tiny_policy(6);
+    let groups: Vec<_> = (0..3).map(|i| group(&stale, i, 0)).collect();
+    let one = Trainer::new(config("bapo"), tiny_policy(7), 0).unwrap();
+    let mut cfg = config("bapo");
+    cfg.micro_batch_seqs = 5;
+    let many = Trainer::new(cfg, one.policy(), 0).unwrap();
+    let a = one.gradients(&groups).unwrap();
+    let b = many.gradients(&groups).unwrap();
+    assert!((a.loss.loss - b.loss.loss).abs() < 1e-6);
+    assert_eq!(a.loss.metrics["c_high"], b.loss.metrics["c_high"]);
+    let ga: Vec<f32> = a
+        .grads
+        .get::<2>(one.model().embed_tokens.weight.id)
+        .unwrap()
+        .into_data()
+        .try_into_vec()
+        .unwrap();
+    let gb: Vec<f32> = b
+        .grads
+        .get::<2>(many.model().embed_tokens.weight.id)
+        .unwrap()
+        .into_data()
+        .try_into_vec()
+        .unwrap();
+    let max = ga
+        .iter()
+        .zip(&gb)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(max < 1e-5, "max embedding-gradient difference {max}");
+}
+
+#[test]
+fn bad_batches_are_refused_by_name() {
+    let p = tiny_policy(8);
+    let mut g = group(&p, 0, 0);
+    g.sequences[1].response[0] = 9999;
+    let t = Trainer::new(config("bapo"), p, 0).unwrap();
+    let e = t.gradients(&[g]).err().unwrap().to_string();
+    assert!(e.contains("9999") && e.contains("g0"), "{e}");
+    let e = t.gradients(&[]).err().unwrap().to_string();
+    assert!(e.contains("no sequence"), "{e}");
+}
