@@ -9,6 +9,7 @@
 //! numerics the model is trained with.
 
 pub mod advantage;
+pub mod checkpoint;
 pub mod config;
 pub mod grads;
 pub mod loss;

@@ -1,0 +1,288 @@
+//! Checkpoints of the training state: weights, optimiser moments, step,
+//! policy version and the buffer cursor, in one directory per step.
+//!
+//! A checkpoint is written to a hidden temporary directory, every file
+//! fsynced, and renamed into place, so a crash mid-write leaves either the
+//! previous checkpoint or the new one, never half of one. `state.json` holds
+//! the length and CRC32 of every other file; loading checks them and refuses
+//! a truncated or corrupt checkpoint by name rather than training on it.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::Write,
+    path::{Path, PathBuf},
+};
+
+use bapo_policy::{
+    ModelConfig, Policy,
+    burn::{prelude::*, tensor::Bytes},
+    model::Transformer,
+    weights::{self, HEADER_LEN, WeightsHeader},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{LearnerConfig, Trainer, trainer::TrainError};
+
+pub const STATE_FILE: &str = "state.json";
+const FORMAT: u32 = 1;
+const MODEL_FILE: &str = "model.bin";
+const OPTIM_FILE: &str = "optimizer.bpk";
+const CONFIG_FILE: &str = "config.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error("checkpoint {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("checkpoint {path}: {source}")]
+    Train {
+        path: PathBuf,
+        #[source]
+        source: TrainError,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileSum {
+    pub len: u64,
+    pub crc32: u32,
+}
+
+/// `state.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointState {
+    pub format: u32,
+    /// Optimiser steps taken.
+    pub step: u64,
+    pub policy_version: u64,
+    /// Sequence number of the last group the learner consumed.
+    pub data_cursor: u64,
+    /// The learner's seed; training itself draws no random numbers (no
+    /// dropout), evaluation seeds derive from it and the step.
+    pub seed: u64,
+    pub files: BTreeMap<String, FileSum>,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn invalid(path: &Path, message: impl Into<String>) -> CheckpointError {
+    CheckpointError::Invalid {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<FileSum, CheckpointError> {
+    let mut f = fs::File::create(path).map_err(io(path))?;
+    f.write_all(bytes).map_err(io(path))?;
+    f.sync_all().map_err(io(path))?;
+    Ok(FileSum {
+        len: bytes.len() as u64,
+        crc32: crc32fast::hash(bytes),
+    })
+}
+
+/// The directory name of step `step`; zero-padded so names sort by step.
+pub fn step_dir(root: &Path, step: u64) -> PathBuf {
+    root.join(format!("step-{step:08}"))
+}
+
+/// Writes the trainer's state under `root` atomically; returns its path.
+pub fn save(root: &Path, trainer: &Trainer, data_cursor: u64) -> Result<PathBuf, CheckpointError> {
+    fs::create_dir_all(root).map_err(io(root))?;
+    let dest = step_dir(root, trainer.step);
+    let tmp = root.join(format!(".tmp-step-{:08}", trainer.step));
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    }
+    fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    let mut files = BTreeMap::new();
+
+    let model = trainer.model.valid();
+    let (header, payload) = weights::encode(&model, trainer.version)
+        .map_err(|e| invalid(&dest, format!("encoding weights: {e}")))?;
+    let mut bytes = header.to_bytes().to_vec();
+    bytes.extend_from_slice(&payload);
+    files.insert(
+        MODEL_FILE.to_string(),
+        write_synced(&tmp.join(MODEL_FILE), &bytes)?,
+    );
+    let optim = trainer
+        .optim
+        .into_bytes()
+        .map_err(|e| invalid(&dest, format!("encoding optimiser state: {e:?}")))?;
+    files.insert(
+        OPTIM_FILE.to_string(),
+        write_synced(&tmp.join(OPTIM_FILE), &optim)?,
+    );
+    let config = serde_json::to_vec_pretty(&trainer.model_config.to_hf_json())
+        .map_err(|e| invalid(&dest, e.to_string()))?;
+    files.insert(
+        CONFIG_FILE.to_string(),
+        write_synced(&tmp.join(CONFIG_FILE), &config)?,
+    );
+    let state = CheckpointState {
+        format: FORMAT,
+        step: trainer.step,
+        policy_version: trainer.version,
+        data_cursor,
+        seed: trainer.cfg.seed,
+        files,
+    };
+    let text = serde_json::to_vec_pretty(&state).map_err(|e| invalid(&dest, e.to_string()))?;
+    write_synced(&tmp.join(STATE_FILE), &text)?;
+    if dest.exists() {
+        fs::remove_dir_all(&dest).map_err(io(&dest))?;
+    }
+    fs::rename(&tmp, &dest).map_err(io(&dest))?;
+    fs::File::open(root)
+        .and_then(|d| d.sync_all())
+        .map_err(io(root))?;
+    Ok(dest)
+}
+
+/// The newest complete checkpoint under `root` (temporary directories of
+/// interrupted writes are ignored), if any.
+pub fn latest(root: &Path) -> Result<Option<PathBuf>, CheckpointError> {
+    if !root.exists() {
+        return Ok(None);
+    }
+    let mut best: Option<(u64, PathBuf)> = None;
+    for entry in fs::read_dir(root).map_err(io(root))? {
+        let path = entry.map_err(io(root))?.path();
+        let Some(step) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("step-"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if best.as_ref().is_none_or(|(s, _)| step > *s) {
+            best = Some((step, path));
+        }
+    }
+    Ok(best.map(|(_, p)| p))
+}
+
+/// Deletes all but the newest `keep` checkpoints.
+pub fn prune(root: &Path, keep: usize) -> Result<(), CheckpointError> {
+    let mut dirs: Vec<PathBuf> = fs::read_dir(root)
+        .map_err(io(root))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("step-"))
+        })
+        .collect();
+    dirs.sort();
+    let n = dirs.len().saturating_sub(keep.max(1));
+    for d in &dirs[..n] {
+        fs::remove_dir_all(d).map_err(io(d))?;
+    }
+    Ok(())
+}
+
+/// Reads and verifies a checkpoint's `state.json` and files.
+pub fn read_state(dir: &Path) -> Result<CheckpointState, CheckpointError> {
+    let state_path = dir.join(STATE_FILE);
+    let text = fs::read(&state_path).map_err(io(&state_path))?;
+    let state: CheckpointState = serde_json::from_slice(&text)
+        .map_err(|e| invalid(dir, format!("{STATE_FILE} is not valid: {e}")))?;
+    if state.format != FORMAT {
+        return Err(invalid(
+            dir,
+            format!(
+                "format {} is not supported (this build reads {FORMAT})",
+                state.format
+            ),
+        ));
+    }
+    for name in [MODEL_FILE, OPTIM_FILE, CONFIG_FILE] {
+        if !state.files.contains_key(name) {
+            return Err(invalid(dir, format!("{STATE_FILE} does not list {name}")));
+        }
+    }
+    Ok(state)
+}
+
+fn read_verified(dir: &Path, state: &CheckpointState, name: &str) -> Result<Vec<u8>, CheckpointError> {
+    let path = dir.join(name);
+    let bytes = fs::read(&path).map_err(io(&path))?;
+    let want = &state.files[name];
+    if bytes.len() as u64 != want.len {
+        return Err(invalid(
+            dir,
+            format!(
+                "{name} is {} bytes, {STATE_FILE} says {} (truncated?)",
+                bytes.len(),
+                want.len
+            ),
+        ));
+    }
+    let crc = crc32fast::hash(&bytes);
+    if crc != want.crc32 {
+        return Err(invalid(
+            dir,
+            format!("{name} fails its checksum ({crc:08x}, expected {:08x}): corrupt", want.crc32),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The policy stored in a checkpoint, on `device` (for evaluation and
+/// export; no optimiser state).
+pub fn load_policy(dir: &Path, device: &Device) -> Result<(Policy, CheckpointState), CheckpointError> {
+    let state = read_state(dir)?;
+    read_verified(dir, &state, CONFIG_FILE)?;
+    let config_path = dir.join(CONFIG_FILE);
+    let config = ModelConfig::from_hf_json(&config_path)
+        .map_err(|e| invalid(dir, format!("{CONFIG_FILE}: {e}")))?;
+    let bytes = read_verified(dir, &state, MODEL_FILE)?;
+    if bytes.len() < HEADER_LEN {
+        return Err(invalid(dir, format!("{MODEL_FILE} is shorter than its header")));
+    }
+    let header = WeightsHeader::from_bytes(&bytes[..HEADER_LEN])
+        .map_err(|e| invalid(dir, format!("{MODEL_FILE}: {e}")))?;
+    let model = weights::decode(
+        &header,
+        bytes[HEADER_LEN..].to_vec(),
+        Transformer::init(&config, device),
+    )
+    .map_err(|e| invalid(dir, format!("{MODEL_FILE}: {e}")))?;
+    Ok((Policy::with_model(config, model, device), state))
+}
+
+/// A trainer that continues exactly where the checkpoint left off.
+pub fn load(
+    dir: &Path,
+    cfg: LearnerConfig,
+    device: &Device,
+) -> Result<(Trainer, CheckpointState), CheckpointError> {
+    let (policy, state) = load_policy(dir, device)?;
+    let optim = read_verified(dir, &state, OPTIM_FILE)?;
+    let mut trainer =
+        Trainer::new(cfg, policy, state.policy_version).map_err(|source| CheckpointError::Train {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    trainer.optim = trainer
+        .optim
+        .clone()
+        .from_bytes(Bytes::from_bytes_vec(optim))
+        .map_err(|e| invalid(dir, format!("{OPTIM_FILE}: {e:?}")))?;
+    trainer.step = state.step;
+    Ok((trainer, state))
+}
