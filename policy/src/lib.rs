@@ -1,12 +1,13 @@
 //! The policy of bapo: a Llama/Qwen2-family transformer in Burn, sampling
-//! and batched KV-cache generation, and (to come) the tokenizer, HF weight
-//! loading, tasks and verifiers.
+//! and batched KV-cache generation, the tokenizer, HF weight loading, tasks
+//! and their verifiers, and held-out evaluation.
 //!
 //! Actors sample from this model and the learner trains it; both compute
 //! log-probs of the same temperature-scaled distribution (`logprob.rs`).
 
 pub mod cache;
 pub mod config;
+pub mod evaluate;
 pub mod generate;
 pub mod hf;
 pub mod logprob;
@@ -14,6 +15,8 @@ pub mod model;
 pub mod policy;
 pub mod rope;
 pub mod sampling;
+pub mod spec;
+pub mod tasks;
 pub mod tokenizer;
 pub mod weights;
 
@@ -22,3 +25,4 @@ pub use config::ModelConfig;
 pub use generate::{Finish, Generation, Response};
 pub use policy::Policy;
 pub use sampling::SamplingParams;
+pub use spec::ModelSpec;

@@ -1,0 +1,780 @@
+//! `countdown`: reach a target with given numbers, `Use 3 5 7 to make 22: `
+//! → `3*5+7`.
+//!
+//! The verifier is an exact parser, not a pattern: `+ - * /` and
+//! parentheses over non-negative integer literals, evaluated in exact
+//! rational arithmetic with checked `i128` operations, every given number
+//! used exactly once. Anything it cannot fully account for (overflow,
+//! division by zero, a stray character, too long, too deep) earns 0, so a
+//! policy cannot find reward in the verifier's corners.
+
+use std::collections::HashSet;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::{Problem, StableHasher, Task, TaskError, check_difficulty};
+
+/// Level 1: three numbers in 1..=20; level 2 and up: four in 1..=100.
+pub const MAX_LEVEL: u32 = u32::MAX;
+
+/// The longest completion the verifier reads, in bytes; longer earns 0.
+pub const MAX_LEN: usize = 256;
+
+/// The deepest parenthesis nesting the parser follows (it recurses once per
+/// level, so this bounds its stack).
+pub const MAX_DEPTH: usize = 64;
+
+const HELD_OUT_KEY: u64 = 0x636f_756e_745f_686f; // "count_ho"
+const TRAIN_KEY: u64 = 0x636f_756e_745f_7472; // "count_tr"
+const EVAL_SEED: u64 = 0x636f_756e_745f_6576; // "count_ev"
+const HELD_OUT_MODULUS: u64 = 10;
+const EVAL_STALL: usize = 100_000;
+
+/// The countdown task at one difficulty level.
+#[derive(Debug, Clone)]
+pub struct Countdown {
+    seed: u64,
+    level: u32,
+}
+
+impl Countdown {
+    pub fn new(seed: u64, difficulty: u32) -> Result<Self, TaskError> {
+        check_difficulty(difficulty, MAX_LEVEL)?;
+        Ok(Self {
+            seed,
+            level: difficulty,
+        })
+    }
+
+    fn shape(&self) -> (usize, u64) {
+        if self.level == 1 { (3, 20) } else { (4, 100) }
+    }
+
+    /// A random puzzle: random numbers combined by a random expression tree,
+    /// redrawn until the value is a positive integer.
+    fn draw(&self, rng: &mut SmallRng) -> Puzzle {
+        let (count, max) = self.shape();
+        loop {
+            let mut parts: Vec<(Tree, Ratio)> = (0..count)
+                .map(|_| {
+                    let n = rng.random_range(1..=max);
+                    (Tree::Leaf(n), Ratio::int(i128::from(n)))
+                })
+                .collect();
+            let mut ok = true;
+            while parts.len() > 1 {
+                let (l, lv) = parts.swap_remove(rng.random_range(0..parts.len()));
+                let (r, rv) = parts.swap_remove(rng.random_range(0..parts.len()));
+                let op = [Op::Add, Op::Sub, Op::Mul, Op::Div][rng.random_range(0..4)];
+                match op.apply(lv, rv) {
+                    Ok(v) => parts.push((Tree::Node(Box::new(l), op, Box::new(r)), v)),
+                    Err(_) => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            let Some((tree, value)) = parts.pop() else {
+                continue;
+            };
+            if !ok || value.den != 1 || value.num <= 0 {
+                continue;
+            }
+            let Ok(target) = u64::try_from(value.num) else {
+                continue;
+            };
+            let mut numbers = Vec::with_capacity(count);
+            tree.leaves(&mut numbers);
+            numbers.sort_unstable();
+            let mut solution = String::new();
+            tree.write(&mut solution);
+            return Puzzle {
+                numbers,
+                target,
+                solution,
+            };
+        }
+    }
+}
+
+/// A problem's identity is its sorted numbers and target; the solution is
+/// one of possibly many.
+#[derive(Debug, Clone)]
+struct Puzzle {
+    numbers: Vec<u64>,
+    target: u64,
+    solution: String,
+}
+
+impl Puzzle {
+    fn key(&self) -> (Vec<u64>, u64) {
+        (self.numbers.clone(), self.target)
+    }
+
+    fn held_out(&self) -> bool {
+        let mut h = StableHasher::new(HELD_OUT_KEY).word(self.numbers.len() as u64);
+        for &n in &self.numbers {
+            h = h.word(n);
+        }
+        h.word(self.target)
+            .finish()
+            .is_multiple_of(HELD_OUT_MODULUS)
+    }
+
+    fn problem(&self, id: String) -> Problem {
+        let numbers: Vec<String> = self.numbers.iter().map(u64::to_string).collect();
+        Problem {
+            id,
+            prompt: format!("Use {} to make {}: ", numbers.join(" "), self.target),
+            answer: self.target.to_string(),
+            solution: self.solution.clone(),
+        }
+    }
+}
+
+/// The numbers of a prompt this task wrote (`Use 3 5 7 to make 22: `).
+pub fn parse_prompt(prompt: &str) -> Option<Vec<u64>> {
+    let rest = prompt.strip_prefix("Use ")?;
+    let (numbers, _) = rest.split_once(" to make ")?;
+    numbers.split_whitespace().map(|n| n.parse().ok()).collect()
+}
+
+/// Whether `completion` reaches `target` using each of `numbers` exactly
+/// once. Surrounding whitespace and one trailing `= <target>` are
+/// tolerated; a trailing `= <other number>` is a wrong claim and fails.
+pub fn check(numbers: &[u64], target: u64, completion: &str) -> bool {
+    let Ok(eval) = evaluate_claim(completion) else {
+        return false;
+    };
+    if eval.value != Ratio::int(i128::from(target)) {
+        return false;
+    }
+    let mut used = eval.literals;
+    let mut given: Vec<i128> = numbers.iter().map(|&n| i128::from(n)).collect();
+    used.sort_unstable();
+    given.sort_unstable();
+    used == given
+}
+
+/// An evaluated expression: its exact value and the literals it used, in
+/// order of appearance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    pub value: Ratio,
+    pub literals: Vec<i128>,
+}
+
+/// Why an expression earns nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ExprError {
+    #[error("empty expression")]
+    Empty,
+    #[error("longer than {MAX_LEN} bytes")]
+    TooLong,
+    #[error("parentheses nested deeper than {MAX_DEPTH}")]
+    TooDeep,
+    #[error("unexpected input at byte {0}")]
+    Unexpected(usize),
+    #[error("number with a leading zero at byte {0}")]
+    LeadingZero(usize),
+    #[error("arithmetic overflow")]
+    Overflow,
+    #[error("division by zero")]
+    DivisionByZero,
+    #[error("the value after `=` is not the expression's value")]
+    WrongClaim,
+}
+
+/// Evaluates a completion that may end with `= <number>`, which must then
+/// equal the expression's value.
+pub fn evaluate_claim(completion: &str) -> Result<Evaluation, ExprError> {
+    let text = completion.trim();
+    if text.len() > MAX_LEN {
+        return Err(ExprError::TooLong);
+    }
+    let Some((expr, claim)) = text.split_once('=') else {
+        return evaluate(text);
+    };
+    let eval = evaluate(expr)?;
+    let claimed = Parser::new(claim.as_bytes()).whole(|p| p.literal())?;
+    if claimed == eval.value {
+        Ok(eval)
+    } else {
+        Err(ExprError::WrongClaim)
+    }
+}
+
+/// Parses and evaluates an expression: `+ - * /`, parentheses, integer
+/// literals without leading zeros, ASCII whitespace anywhere between.
+pub fn evaluate(expr: &str) -> Result<Evaluation, ExprError> {
+    if expr.len() > MAX_LEN {
+        return Err(ExprError::TooLong);
+    }
+    if expr.trim().is_empty() {
+        return Err(ExprError::Empty);
+    }
+    let mut parser = Parser::new(expr.as_bytes());
+    let value = parser.whole(|p| p.expr())?;
+    Ok(Evaluation {
+        value,
+        literals: parser.literals,
+    })
+}
+
+/// A rational number in lowest terms with a positive denominator, so equal
+/// values are equal structs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ratio {
+    pub num: i128,
+    pub den: i128,
+}
+
+impl Ratio {
+    fn int(n: i128) -> Self {
+        Self { num: n, den: 1 }
+    }
+
+    fn new(num: i128, den: i128) -> Result<Self, ExprError> {
+        if den == 0 {
+            return Err(ExprError::DivisionByZero);
+        }
+        let g = gcd(num, den);
+        let (mut num, mut den) = (num / g, den / g);
+        if den < 0 {
+            num = num.checked_neg().ok_or(ExprError::Overflow)?;
+            den = den.checked_neg().ok_or(ExprError::Overflow)?;
+        }
+        Ok(Self { num, den })
+    }
+}
+
+/// gcd of |a| and |b|, at least 1 (so dividing by it is always safe).
+/// Works on `u128` so `i128::MIN` cannot overflow.
+fn gcd(a: i128, b: i128) -> i128 {
+    let (mut a, mut b) = (a.unsigned_abs(), b.unsigned_abs());
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    // Only gcd(i128::MIN, i128::MIN or 0) = 2^127 does not fit; dividing by
+    // 1 instead leaves that value to the overflow check of the sign flip.
+    i128::try_from(a.max(1)).unwrap_or(1)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+impl Op {
+    fn apply(self, a: Ratio, b: Ratio) -> Result<Ratio, ExprError> {
+        let o = ExprError::Overflow;
+        match self {
+            Op::Add | Op::Sub => {
+                let l = a.num.checked_mul(b.den).ok_or(o)?;
+                let r = b.num.checked_mul(a.den).ok_or(o)?;
+                let num = if self == Op::Add {
+                    l.checked_add(r)
+                } else {
+                    l.checked_sub(r)
+                };
+                Ratio::new(num.ok_or(o)?, a.den.checked_mul(b.den).ok_or(o)?)
+            }
+            Op::Mul => Ratio::new(
+                a.num.checked_mul(b.num).ok_or(o)?,
+                a.den.checked_mul(b.den).ok_or(o)?,
+            ),
+            Op::Div => {
+                if b.num == 0 {
+                    return Err(ExprError::DivisionByZero);
+                }
+                Ratio::new(
+                    a.num.checked_mul(b.den).ok_or(o)?,
+                    a.den.checked_mul(b.num).ok_or(o)?,
+                )
+            }
+        }
+    }
+
+    fn symbol(self) -> char {
+        match self {
+            Op::Add => '+',
+            Op::Sub => '-',
+            Op::Mul => '*',
+            Op::Div => '/',
+        }
+    }
+
+    fn precedence(self) -> u8 {
+        match self {
+            Op::Add | Op::Sub => 1,
+            Op::Mul | Op::Div => 2,
+        }
+    }
+}
+
+/// A generated solution's expression tree.
+#[derive(Debug, Clone)]
+enum Tree {
+    Leaf(u64),
+    Node(Box<Tree>, Op, Box<Tree>),
+}
+
+impl Tree {
+    fn precedence(&self) -> u8 {
+        match self {
+            Tree::Leaf(_) => 3,
+            Tree::Node(_, op, _) => op.precedence(),
+        }
+    }
+
+    fn leaves(&self, out: &mut Vec<u64>) {
+        match self {
+            Tree::Leaf(n) => out.push(*n),
+            Tree::Node(l, _, r) => {
+                l.leaves(out);
+                r.leaves(out);
+            }
+        }
+    }
+
+    /// Writes the expression with only the parentheses it needs: around a
+    /// looser child, and around an equally tight right child of `-` or `/`.
+    fn write(&self, out: &mut String) {
+        match self {
+            Tree::Leaf(n) => out.push_str(&n.to_string()),
+            Tree::Node(l, op, r) => {
+                let p = op.precedence();
+                write_child(l, l.precedence() < p, out);
+                out.push(op.symbol());
+                let tight = matches!(op, Op::Sub | Op::Div);
+                write_child(r, r.precedence() < p || (tight && r.precedence() == p), out);
+            }
+        }
+    }
+}
+
+fn write_child(t: &Tree, parens: bool, out: &mut String) {
+    if parens {
+        out.push('(');
+    }
+    t.write(out);
+    if parens {
+        out.push(')');
+    }
+}
+
+/// Recursive descent over bytes (every token is ASCII; any other byte is
+/// unexpected input). Recursion happens only through parentheses, which
+/// `MAX_DEPTH` bounds.
+struct Parser<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    depth: usize,
+    literals: Vec<i128>,
+}
+
+impl<'a> Parser<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Self {
+            bytes,
+            pos: 0,
+            depth: 0,
+            literals: Vec::new(),
+        }
+    }
+
+    /// Runs `f` and requires it to consume everything but whitespace.
+    fn whole(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<Ratio, ExprError>,
+    ) -> Result<Ratio, ExprError> {
+        let v = f(self)?;
+        match self.peek() {
+            None => Ok(v),
+            Some(_) => Err(ExprError::Unexpected(self.pos)),
+        }
+    }
+
+    /// The next non-whitespace byte, skipping the whitespace.
+    fn peek(&mut self) -> Option<u8> {
+        while self
+            .bytes
+            .get(self.pos)
+            .is_some_and(u8::is_ascii_whitespace)
+        {
+            self.pos += 1;
+        }
+        self.bytes.get(self.pos).copied()
+    }
+
+    /// expr := term (('+' | '-') term)*
+    fn expr(&mut self) -> Result<Ratio, ExprError> {
+        let mut v = self.term()?;
+        loop {
+            let op = match self.peek() {
+                Some(b'+') => Op::Add,
+                Some(b'-') => Op::Sub,
+                _ => return Ok(v),
+            };
+            self.pos += 1;
+            v = op.apply(v, self.term()?)?;
+        }
+    }
+
+    /// term := factor (('*' | '/') factor)*
+    fn term(&mut self) -> Result<Ratio, ExprError> {
+        let mut v = self.factor()?;
+        loop {
+            let op = match self.peek() {
+                Some(b'*') => Op::Mul,
+                Some(b'/') => Op::Div,
+                _ => return Ok(v),
+            };
+            self.pos += 1;
+            v = op.apply(v, self.factor()?)?;
+        }
+    }
+
+    /// factor := literal | '(' expr ')'
+    fn factor(&mut self) -> Result<Ratio, ExprError> {
+        match self.peek() {
+            Some(b'(') => {
+                self.depth += 1;
+                if self.depth > MAX_DEPTH {
+                    return Err(ExprError::TooDeep);
+                }
+                self.pos += 1;
+                let v = self.expr()?;
+                if self.peek() != Some(b')') {
+                    return Err(ExprError::Unexpected(self.pos));
+                }
+                self.pos += 1;
+                self.depth -= 1;
+                Ok(v)
+            }
+            _ => {
+                let v = self.literal()?;
+                self.literals.push(v.num);
+                Ok(v)
+            }
+        }
+    }
+
+    /// A non-negative integer without leading zeros.
+    fn literal(&mut self) -> Result<Ratio, ExprError> {
+        let start = match self.peek() {
+            Some(b) if b.is_ascii_digit() => self.pos,
+            _ => return Err(ExprError::Unexpected(self.pos)),
+        };
+        let mut n: i128 = 0;
+        while let Some(&b) = self.bytes.get(self.pos).filter(|b| b.is_ascii_digit()) {
+            n = n
+                .checked_mul(10)
+                .and_then(|n| n.checked_add(i128::from(b - b'0')))
+                .ok_or(ExprError::Overflow)?;
+            self.pos += 1;
+        }
+        if self.bytes[start] == b'0' && self.pos - start > 1 {
+            return Err(ExprError::LeadingZero(start));
+        }
+        Ok(Ratio::int(n))
+    }
+}
+
+impl Task for Countdown {
+    fn name(&self) -> &str {
+        "countdown"
+    }
+
+    fn train_problem(&self, index: u64) -> Problem {
+        let key = StableHasher::new(TRAIN_KEY)
+            .word(self.seed)
+            .word(index)
+            .finish();
+        let mut rng = SmallRng::seed_from_u64(key);
+        let puzzle = loop {
+            let p = self.draw(&mut rng);
+            if !p.held_out() {
+                break p;
+            }
+        };
+        puzzle.problem(format!("countdown{}-s{}-{index}", self.level, self.seed))
+    }
+
+    fn eval_problems(&self, n: usize) -> Vec<Problem> {
+        let mut rng = SmallRng::seed_from_u64(EVAL_SEED);
+        let mut seen = HashSet::new();
+        let mut problems = Vec::new();
+        let mut stale = 0;
+        while problems.len() < n && stale < EVAL_STALL {
+            let p = self.draw(&mut rng);
+            if p.held_out() && seen.insert(p.key()) {
+                problems.push(p.problem(format!(
+                    "countdown{}-eval-{}",
+                    self.level,
+                    problems.len()
+                )));
+                stale = 0;
+            } else {
+                stale += 1;
+            }
+        }
+        problems
+    }
+
+    /// 1 when the completion reaches the answer with the prompt's numbers.
+    fn score(&self, problem: &Problem, completion: &str) -> f32 {
+        let (Some(numbers), Ok(target)) = (parse_prompt(&problem.prompt), problem.answer.parse())
+        else {
+            return 0.0;
+        };
+        if check(&numbers, target, completion) {
+            1.0
+        } else {
+            0.0
+        }
+    }
+
+    fn reward_range(&self) -> (f32, f32) {
+        (0.0, 1.0)
+    }
+
+    /// An expression the parser accepts, whatever its value and numbers.
+    fn well_formed(&self, _problem: &Problem, completion: &str) -> bool {
+        evaluate_claim(completion).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(expr: &str) -> Result<Ratio, ExprError> {
+        evaluate(expr).map(|e| e.value)
+    }
+
+    fn r(num: i128, den: i128) -> Ratio {
+        Ratio::new(num, den).unwrap()
+    }
+
+    #[test]
+    fn parser_follows_precedence_and_exact_rationals() {
+        let cases = [
+            ("3*5+7", r(22, 1)),
+            ("3+5*7", r(38, 1)),
+            ("(3+5)*7", r(56, 1)),
+            ("10-4-3", r(3, 1)),
+            ("10-(4-3)", r(9, 1)),
+            ("8/4/2", r(1, 1)),
+            ("8/(4/2)", r(4, 1)),
+            ("6/4*2", r(3, 1)),
+            ("1/3+1/3+1/3", r(1, 1)),
+            ("2/3", r(2, 3)),
+            ("3-5", r(-2, 1)),
+            (" ( 3 +\t5 ) \n* 7 ", r(56, 1)),
+            ("((((7))))", r(7, 1)),
+            ("0", r(0, 1)),
+        ];
+        for (expr, want) in cases {
+            assert_eq!(value(expr), Ok(want), "{expr:?}");
+        }
+        assert_eq!(evaluate("3*5+7").unwrap().literals, vec![3, 5, 7]);
+    }
+
+    #[test]
+    fn parser_rejects_what_it_cannot_account_for() {
+        let deep_ok = format!("{}1{}", "(".repeat(MAX_DEPTH), ")".repeat(MAX_DEPTH));
+        assert_eq!(value(&deep_ok), Ok(r(1, 1)));
+        let too_deep = format!(
+            "{}1{}",
+            "(".repeat(MAX_DEPTH + 1),
+            ")".repeat(MAX_DEPTH + 1)
+        );
+        assert_eq!(value(&too_deep), Err(ExprError::TooDeep));
+        let huge_nest = "(".repeat(10_000);
+        assert_eq!(value(&huge_nest), Err(ExprError::TooLong));
+        // The depth limit alone stops a deep nest, whatever the length limit.
+        let mut p = Parser::new(huge_nest.as_bytes());
+        assert_eq!(p.expr(), Err(ExprError::TooDeep));
+
+        let huge = "9".repeat(1000);
+        assert_eq!(value(&huge), Err(ExprError::TooLong));
+        assert_eq!(value(&"9".repeat(60)), Err(ExprError::Overflow));
+        let big = "9".repeat(30);
+        assert_eq!(value(&format!("{big}*{big}")), Err(ExprError::Overflow));
+        assert_eq!(
+            value(&format!("1/{big}-1/{big}1")),
+            Err(ExprError::Overflow)
+        );
+
+        for (expr, err) in [
+            ("", ExprError::Empty),
+            ("   ", ExprError::Empty),
+            ("1/0", ExprError::DivisionByZero),
+            ("0/0", ExprError::DivisionByZero),
+            ("5/(3-3)", ExprError::DivisionByZero),
+            ("07+1", ExprError::LeadingZero(0)),
+            ("3+", ExprError::Unexpected(2)),
+            ("3 5", ExprError::Unexpected(2)),
+            ("(3+5", ExprError::Unexpected(4)),
+            ("3+5)", ExprError::Unexpected(3)),
+            ("-3+5", ExprError::Unexpected(0)),
+            ("3++5", ExprError::Unexpected(2)),
+            ("3×5", ExprError::Unexpected(1)),
+            ("3x5", ExprError::Unexpected(1)),
+            ("3^5", ExprError::Unexpected(1)),
+            ("3.5", ExprError::Unexpected(1)),
+            ("日本語", ExprError::Unexpected(0)),
+            ("3*5+7 abc", ExprError::Unexpected(6)),
+        ] {
+            assert_eq!(value(expr), Err(err), "{expr:?}");
+        }
+    }
+
+    #[test]
+    fn check_table() {
+        let numbers = [3, 5, 7];
+        let cases = [
+            ("3*5+7", true),
+            ("7+5*3", true),
+            ("  3 * 5 + 7  ", true),
+            ("\n3*5+7\n", true),
+            ("3*5+7=22", true),
+            ("3*5+7 = 22", true),
+            ("(3*5)+7 =  22 ", true),
+            ("3*5+7 = 23", false),
+            ("3*5+7 = 22 = 22", false),
+            ("3*5+7 = 22.", false),
+            ("3*5+7 = ", false),
+            ("= 22", false),
+            ("22", false),
+            ("3*5+7+0", false),
+            ("3*5+7*1", false),
+            ("3*7+1", false),
+            ("3*5+5+2", false),
+            ("5*3+7+3-3", false),
+            ("3*5", false),
+            ("3*5+7 abc", false),
+            ("3*5+7.", false),
+            ("3*5+7\n\nSo the answer is 22", false),
+            ("", false),
+            ("🎉", false),
+            ("0/0", false),
+        ];
+        for (completion, want) in cases {
+            assert_eq!(check(&numbers, 22, completion), want, "{completion:?}");
+        }
+        // Fractions on the way are fine; only the result must be exact.
+        assert!(check(&[1, 3, 6], 2, "(1/3)*6"));
+        assert!(check(&[4, 4, 8], 1, "4/(8-4)"));
+        assert!(!check(&[4, 4, 8], 1, "4/(8-4-4+4)"));
+        // A number given twice may (and must) be used twice.
+        assert!(check(&[5, 5, 2], 12, "5+5+2"));
+        assert!(!check(&[5, 5, 2], 7, "5+2"));
+        let long = format!("3*5+7{}", " ".repeat(MAX_LEN));
+        assert!(
+            check(&numbers, 22, &long),
+            "trailing whitespace is trimmed first"
+        );
+        let long = format!("3*5+7+{}0", "0*".repeat(MAX_LEN));
+        assert!(!check(&numbers, 22, &long));
+    }
+
+    #[test]
+    fn prompt_round_trips() {
+        assert_eq!(parse_prompt("Use 3 5 7 to make 22: "), Some(vec![3, 5, 7]));
+        assert_eq!(parse_prompt("Use 3 x 7 to make 22: "), None);
+        assert_eq!(parse_prompt("37+45="), None);
+        assert_eq!(parse_prompt(""), None);
+        let t = Countdown::new(0, 1).unwrap();
+        let weird = Problem {
+            id: "w".into(),
+            prompt: "garbage".into(),
+            answer: "banana".into(),
+            solution: String::new(),
+        };
+        assert_eq!(t.score(&weird, "3*5+7"), 0.0);
+    }
+
+    #[test]
+    fn generated_solutions_verify() {
+        for level in [1, 2, 3] {
+            let t = Countdown::new(11, level).unwrap();
+            let (count, max) = t.shape();
+            let problems: Vec<_> = (0..500)
+                .map(|i| t.train_problem(i))
+                .chain(t.eval_problems(200))
+                .collect();
+            for p in &problems {
+                assert_eq!(t.score(p, &p.solution), 1.0, "{p:?}");
+                assert!(t.well_formed(p, &p.solution));
+                assert!(p.prompt.bytes().all(|b| (32..127).contains(&b)), "{p:?}");
+                let numbers = parse_prompt(&p.prompt).unwrap();
+                assert_eq!(numbers.len(), count);
+                assert!(numbers.iter().all(|&n| (1..=max).contains(&n)));
+                assert!(numbers.is_sorted());
+                assert!(p.answer.parse::<u64>().unwrap() > 0);
+                assert_eq!(t.score(p, ""), 0.0);
+            }
+        }
+        let p = Puzzle {
+            numbers: vec![3, 5, 7],
+            target: 22,
+            solution: "3*5+7".into(),
+        }
+        .problem("x".into());
+        assert_eq!(p.prompt, "Use 3 5 7 to make 22: ");
+    }
+
+    #[test]
+    fn solutions_use_only_needed_parentheses() {
+        use Tree::{Leaf, Node};
+        let n = |l: Tree, op, r: Tree| Node(Box::new(l), op, Box::new(r));
+        let cases = [
+            (n(n(Leaf(3), Op::Mul, Leaf(5)), Op::Add, Leaf(7)), "3*5+7"),
+            (n(Leaf(3), Op::Mul, n(Leaf(5), Op::Add, Leaf(7))), "3*(5+7)"),
+            (n(Leaf(9), Op::Sub, n(Leaf(5), Op::Sub, Leaf(1))), "9-(5-1)"),
+            (n(Leaf(9), Op::Add, n(Leaf(5), Op::Sub, Leaf(1))), "9+5-1"),
+            (n(Leaf(8), Op::Div, n(Leaf(4), Op::Mul, Leaf(2))), "8/(4*2)"),
+            (n(n(Leaf(8), Op::Div, Leaf(4)), Op::Div, Leaf(2)), "8/4/2"),
+        ];
+        for (tree, want) in cases {
+            let mut s = String::new();
+            tree.write(&mut s);
+            assert_eq!(s, want);
+        }
+    }
+
+    #[test]
+    fn deterministic_disjoint_and_seed_independent_eval() {
+        for level in [1, 2] {
+            let a: Vec<_> = (0..100)
+                .map(|i| Countdown::new(5, level).unwrap().train_problem(i))
+                .collect();
+            let b: Vec<_> = (0..100)
+                .map(|i| Countdown::new(5, level).unwrap().train_problem(i))
+                .collect();
+            let c: Vec<_> = (0..100)
+                .map(|i| Countdown::new(6, level).unwrap().train_problem(i))
+                .collect();
+            assert_eq!(a, b);
+            assert_ne!(a, c);
+
+            let t = Countdown::new(5, level).unwrap();
+            let eval = t.eval_problems(500);
+            assert_eq!(eval, Countdown::new(6, level).unwrap().eval_problems(500));
+            assert_eq!(eval.len(), 500);
+            let key = |p: &Problem| (p.prompt.clone(), p.answer.clone());
+            let eval: HashSet<_> = eval.iter().map(key).collect();
+            assert_eq!(eval.len(), 500);
+            for i in 0..2000 {
+                let p = t.train_problem(i);
+                assert!(!eval.contains(&key(&p)), "{p:?}");
+            }
+        }
+    }
+}
