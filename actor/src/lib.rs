@@ -1,5 +1,17 @@
-//! bapo actors: stateless workers that turn prompts into scored groups of
-//! rollouts with the current policy and stream them to the buffer service.
+//! bapo actors: stateless workers that turn prompts into scored groups.
 //!
-//! Generation lands with the actor issue; the crate fixes its place in the
-//! dependency graph (it needs the wire types and the policy, nothing else).
+//! An actor follows the learner's weight stream ([`subscription`]),
+//! generates K responses per prompt on several threads ([`rollout`]),
+//! scores them with the task's verifier, and pushes each group to the
+//! buffer ([`push`]), waiting whenever the buffer holds it back.
+
+pub mod backoff;
+pub mod config;
+pub mod metrics;
+pub mod push;
+pub mod rollout;
+pub mod run;
+pub mod subscription;
+
+pub use config::{ActorConfig, UpdateMode};
+pub use run::{ActorOptions, ActorSummary, run};

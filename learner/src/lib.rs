@@ -9,12 +9,16 @@
 //! numerics the model is trained with.
 
 pub mod advantage;
+pub mod broadcast;
 pub mod checkpoint;
 pub mod config;
 pub mod grads;
 pub mod loss;
+pub mod metrics;
 pub mod rollouts;
+pub mod run;
 pub mod schedule;
+pub mod server;
 pub mod stats;
 pub mod trainer;
 pub mod vcpo;

@@ -1,0 +1,39 @@
+//! Names of the actor's Prometheus metrics.
+
+pub const TOKENS: &str = "bapo_actor_tokens_total";
+pub const GROUPS: &str = "bapo_actor_groups_total";
+pub const REWARD: &str = "bapo_actor_reward";
+pub const RESPONSE_TOKENS: &str = "bapo_actor_response_tokens";
+pub const WEIGHT_VERSION: &str = "bapo_actor_weight_version";
+pub const VERSIONS_BEHIND: &str = "bapo_actor_versions_behind";
+pub const BACKPRESSURE_SECONDS: &str = "bapo_actor_backpressure_seconds";
+pub const GROUP_SECONDS: &str = "bapo_actor_group_seconds";
+pub const RECONNECTS: &str = "bapo_actor_reconnects_total";
+pub const WEIGHT_APPLY_SECONDS: &str = "bapo_actor_weight_apply_seconds";
+pub const ABORTED_GROUPS: &str = "bapo_actor_aborted_groups_total";
+
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(TOKENS, "Response tokens generated");
+    describe_counter!(GROUPS, "Groups generated, scored and accepted by the buffer");
+    describe_histogram!(REWARD, "Reward of each response");
+    describe_histogram!(RESPONSE_TOKENS, "Length of each response in tokens");
+    describe_gauge!(WEIGHT_VERSION, "Policy version of the weights in use");
+    describe_gauge!(
+        VERSIONS_BEHIND,
+        "Learner version (as the buffer reports it) minus the version in use"
+    );
+    describe_histogram!(
+        BACKPRESSURE_SECONDS,
+        Unit::Seconds,
+        "Per group, the time from the first push attempt to the buffer's ack"
+    );
+    describe_histogram!(GROUP_SECONDS, Unit::Seconds, "Time to generate and score a group");
+    describe_counter!(RECONNECTS, "Reconnections, by peer (buffer, learner)");
+    describe_histogram!(
+        WEIGHT_APPLY_SECONDS,
+        Unit::Seconds,
+        "From a weight update's announcement to the new weights in use"
+    );
+    describe_counter!(ABORTED_GROUPS, "In-flight groups thrown away (restart mode, shutdown)");
+}

@@ -1,0 +1,116 @@
+//! One group, from prompt to scored rollouts, with nothing of gRPC in it:
+//! K responses generated together, new weights taken between any two
+//! tokens (partial or restart mode), then decoded, scored by the task's
+//! verifier and packed for the wire.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+
+use bapo_policy::{
+    Finish, Generation, Response, SamplingParams,
+    tasks::{Problem, Shaping, Task},
+    tokenizer::TextTokenizer,
+};
+use bapo_proto::{packed, v1};
+use metrics::counter;
+
+use crate::{config::UpdateMode, metrics as names, subscription::PolicyCell};
+
+pub enum Outcome {
+    Done(Vec<Response>),
+    /// Stopped by the abort flag; nothing to push.
+    Aborted,
+}
+
+/// Generates `k` responses to `prompt`, following `cell` for new weights.
+pub fn generate(
+    cell: &mut PolicyCell,
+    prompt: &[u32],
+    k: usize,
+    params: &SamplingParams,
+    mode: UpdateMode,
+    abort: &AtomicBool,
+) -> Outcome {
+    let Some(mut current) = cell.borrow_and_update().clone() else {
+        return Outcome::Aborted;
+    };
+    let mut g = Generation::new(prompt.to_vec(), k, params.clone());
+    while !g.is_done() {
+        if abort.load(Ordering::Relaxed) {
+            counter!(names::ABORTED_GROUPS).increment(1);
+            return Outcome::Aborted;
+        }
+        if cell.has_changed().unwrap_or(false)
+            && let Some(next) = cell.borrow_and_update().clone()
+            && next.version != current.version
+        {
+            current = next;
+            match mode {
+                UpdateMode::Partial => g.invalidate_cache(),
+                UpdateMode::Restart => {
+                    counter!(names::ABORTED_GROUPS).increment(1);
+                    g = Generation::new(prompt.to_vec(), k, params.clone());
+                }
+            }
+        }
+        g.step(&current.policy, current.version as u32);
+    }
+    Outcome::Done(g.into_responses())
+}
+
+/// What scoring needs besides the responses.
+pub struct Scoring<'a> {
+    pub task: &'a Arc<dyn Task>,
+    pub tokenizer: &'a TextTokenizer,
+    pub shaping: &'a Shaping,
+    pub stop_tokens: &'a [u32],
+}
+
+/// Scores responses and builds the group's wire rollouts.
+pub fn score(
+    s: &Scoring<'_>,
+    problem: &Problem,
+    prompt: &[u32],
+    responses: Vec<Response>,
+    group_id: &str,
+    actor_id: &str,
+) -> Vec<v1::Rollout> {
+    let prompt_bytes = packed::pack_u32(prompt);
+    responses
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let visible: &[u32] = match r.tokens.last() {
+                Some(t) if s.stop_tokens.contains(t) => &r.tokens[..r.tokens.len() - 1],
+                _ => &r.tokens,
+            };
+            // An undecodable completion scores as wrong, never panics.
+            let text = s.tokenizer.decode(visible).unwrap_or_default();
+            let base = s.task.score(problem, &text);
+            let reward = s
+                .shaping
+                .apply(base, s.task.well_formed(problem, &text), r.tokens.len());
+            let finish = match r.finish {
+                Some(Finish::Stop) => v1::FinishReason::Stop,
+                Some(Finish::Length) => v1::FinishReason::Length,
+                None => v1::FinishReason::Aborted,
+            };
+            v1::Rollout {
+                rollout_id: format!("{group_id}/{i}"),
+                group_id: group_id.to_string(),
+                prompt_tokens: prompt_bytes.clone(),
+                response_tokens: packed::pack_u32(&r.tokens),
+                behavior_logprobs: packed::pack_f32(&r.logprobs),
+                token_versions: packed::pack_u32(&r.versions),
+                reward,
+                token_rewards: Default::default(),
+                finish_reason: finish as i32,
+                actor_id: actor_id.to_string(),
+                task: s.task.name().to_string(),
+                metadata: [("problem_id".to_string(), problem.id.clone())].into(),
+            }
+        })
+        .collect()
+}

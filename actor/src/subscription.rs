@@ -1,0 +1,188 @@
+//! Following the learner's weight stream: each announced version is
+//! reassembled from its chunks, checked against its header (length, CRC32,
+//! version) and loaded into a fresh model, which then replaces the current
+//! one for every generation of this actor. A broken or corrupt transfer is
+//! dropped whole (the current weights stay) and the stream is reconnected
+//! with exponential backoff and jitter.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bapo_policy::{
+    ModelConfig, Policy,
+    burn::prelude::*,
+    model::Transformer,
+    weights::{self, WeightsHeader},
+};
+use bapo_proto::v1::{
+    SubscribeRequest, WeightUpdate, weight_message::Kind,
+    weight_source_client::WeightSourceClient,
+};
+use metrics::{counter, gauge, histogram};
+use tokio::sync::watch;
+use tonic::transport::Endpoint;
+
+use crate::{backoff::Backoff, metrics as names};
+
+/// A policy and the version it is.
+#[derive(Debug)]
+pub struct Versioned {
+    pub version: u64,
+    pub policy: Policy,
+}
+
+pub type PolicyCell = watch::Receiver<Option<Arc<Versioned>>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    #[error("weights v{version}: chunk stream ended after {got} of {want} bytes")]
+    Incomplete { version: u64, got: usize, want: u64 },
+    #[error("weights v{version}: {message}")]
+    Invalid { version: u64, message: String },
+    #[error("weight stream: chunk without an announced update")]
+    Orphan,
+}
+
+/// Assembles one update's payload from its chunks.
+pub struct Assembly {
+    update: WeightUpdate,
+    payload: Vec<u8>,
+}
+
+impl Assembly {
+    pub fn new(update: WeightUpdate) -> Self {
+        let cap = update.payload_len.min(1 << 34) as usize;
+        Self {
+            update,
+            payload: Vec::with_capacity(cap),
+        }
+    }
+
+    /// Adds a chunk; `true` once the payload is complete.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<bool, TransferError> {
+        self.payload.extend_from_slice(chunk);
+        if self.payload.len() as u64 > self.update.payload_len {
+            return Err(TransferError::Invalid {
+                version: self.update.version,
+                message: format!(
+                    "{} payload bytes received, {} announced",
+                    self.payload.len(),
+                    self.update.payload_len
+                ),
+            });
+        }
+        Ok(self.payload.len() as u64 == self.update.payload_len)
+    }
+
+    /// Verifies and loads the weights into a new policy on `device`.
+    pub fn finish(self, device: &Device) -> Result<Versioned, TransferError> {
+        let version = self.update.version;
+        let invalid = |message: String| TransferError::Invalid { version, message };
+        let header = WeightsHeader::from_bytes(&self.update.header).map_err(|e| invalid(e.to_string()))?;
+        if header.policy_version != version {
+            return Err(invalid(format!(
+                "header says version {}, update says {version}",
+                header.policy_version
+            )));
+        }
+        let config: ModelConfig = serde_json::from_str(&self.update.model_config_json)
+            .map_err(|e| invalid(format!("model config: {e}")))?;
+        config.validate().map_err(|e| invalid(format!("model config: {e}")))?;
+        let model = weights::decode(&header, self.payload, Transformer::init(&config, device))
+            .map_err(|e| invalid(e.to_string()))?;
+        Ok(Versioned {
+            version,
+            policy: Policy::with_model(config, model, device),
+        })
+    }
+}
+
+/// Follows the learner at `url` until `stop` fires, publishing each loaded
+/// version into `cell`.
+pub async fn follow(
+    url: String,
+    actor_id: String,
+    device: Device,
+    cell: watch::Sender<Option<Arc<Versioned>>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    loop {
+        let have = cell.borrow().as_ref().map_or(0, |v| v.version);
+        let result = tokio::select! {
+            r = stream_once(&url, &actor_id, have, &device, &cell, &mut backoff) => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        if let Err(e) = result {
+            tracing::warn!(learner = %url, "weight stream: {e}; reconnecting");
+        }
+        counter!(names::RECONNECTS, "peer" => "learner").increment(1);
+        tokio::select! {
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+async fn stream_once(
+    url: &str,
+    actor_id: &str,
+    have: u64,
+    device: &Device,
+    cell: &watch::Sender<Option<Arc<Versioned>>>,
+    backoff: &mut Backoff,
+) -> anyhow::Result<()> {
+    let channel = Endpoint::from_shared(url.to_string())?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    let mut client = WeightSourceClient::new(channel).max_decoding_message_size(64 << 20);
+    let mut stream = client
+        .subscribe(SubscribeRequest {
+            actor_id: actor_id.to_string(),
+            have_version: have,
+        })
+        .await?
+        .into_inner();
+    backoff.reset();
+    let mut current: Option<(Assembly, Instant)> = None;
+    while let Some(msg) = stream.message().await? {
+        match msg.kind {
+            Some(Kind::Update(u)) => {
+                let empty = u.payload_len == 0;
+                current = Some((Assembly::new(u), Instant::now()));
+                if !empty {
+                    continue;
+                }
+            }
+            Some(Kind::Chunk(c)) => {
+                let Some((a, _)) = current.as_mut() else {
+                    return Err(TransferError::Orphan.into());
+                };
+                if !a.push(&c)? {
+                    continue;
+                }
+            }
+            None => continue,
+        }
+        let (assembly, started) = current.take().expect("an update is being assembled");
+        let device = device.clone();
+        let loaded = tokio::task::spawn_blocking(move || assembly.finish(&device)).await??;
+        histogram!(names::WEIGHT_APPLY_SECONDS).record(started.elapsed().as_secs_f64());
+        gauge!(names::WEIGHT_VERSION).set(loaded.version as f64);
+        tracing::debug!(version = loaded.version, "weights loaded");
+        cell.send_replace(Some(Arc::new(loaded)));
+    }
+    if let Some((a, _)) = current {
+        return Err(TransferError::Incomplete {
+            version: a.update.version,
+            got: a.payload.len(),
+            want: a.update.payload_len,
+        }
+        .into());
+    }
+    anyhow::bail!("learner closed the weight stream")
+}

@@ -1,0 +1,82 @@
+//! The newest published weights, shared with every subscriber.
+//!
+//! Publishing replaces one slot (a `watch` channel): it never waits for a
+//! subscriber, so a slow or dead actor cannot hold the learner back, and a
+//! subscriber that falls behind skips straight to the newest version. The
+//! encoded payload is held once (`Bytes`) and sliced into chunks per
+//! subscriber without copying.
+
+use std::{sync::Arc, time::Instant};
+
+use bapo_policy::{
+    ModelConfig,
+    burn::tensor::Bytes as BurnBytes,
+    model::Transformer,
+    weights::{self, WeightsError},
+};
+use bytes::Bytes;
+use tokio::sync::watch;
+
+/// One published version.
+#[derive(Debug)]
+pub struct Published {
+    pub version: u64,
+    /// The 32-byte weights header.
+    pub header: Bytes,
+    pub payload: Bytes,
+    /// HF `config.json` of the model.
+    pub config_json: String,
+    pub at: Instant,
+}
+
+#[derive(Clone)]
+pub struct WeightHub {
+    tx: Arc<watch::Sender<Option<Arc<Published>>>>,
+}
+
+impl Default for WeightHub {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WeightHub {
+    pub fn new() -> Self {
+        Self {
+            tx: Arc::new(watch::channel(None).0),
+        }
+    }
+
+    /// Encodes `model` as `version` and makes it the newest.
+    pub fn publish(
+        &self,
+        model: &Transformer,
+        config: &ModelConfig,
+        version: u64,
+    ) -> Result<Arc<Published>, WeightsError> {
+        let (header, payload) = weights::encode(model, version)?;
+        let published = Arc::new(Published {
+            version,
+            header: Bytes::copy_from_slice(&header.to_bytes()),
+            payload: to_bytes(payload),
+            config_json: config.to_hf_json().to_string(),
+            at: Instant::now(),
+        });
+        self.tx.send_replace(Some(published.clone()));
+        Ok(published)
+    }
+
+    pub fn latest(&self) -> Option<Arc<Published>> {
+        self.tx.borrow().clone()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<Published>>> {
+        self.tx.subscribe()
+    }
+}
+
+/// Burn's byte buffer into a reference-counted one (one copy, at publish
+/// time, instead of one per subscriber).
+fn to_bytes(b: BurnBytes) -> Bytes {
+    Bytes::copy_from_slice(&b)
+}

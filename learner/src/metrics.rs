@@ -1,0 +1,127 @@
+//! Names of the learner's Prometheus metrics, in one place for
+//! docs/metrics.md, the dashboard and the alert rules.
+
+use std::collections::BTreeMap;
+
+use metrics::{counter, gauge, histogram};
+
+use crate::StepReport;
+
+pub const STEPS: &str = "bapo_learner_steps_total";
+pub const POLICY_VERSION: &str = "bapo_learner_policy_version";
+pub const LOSS: &str = "bapo_learner_loss";
+pub const ENTROPY: &str = "bapo_learner_entropy";
+pub const CLIP_LOW: &str = "bapo_learner_clip_low";
+pub const CLIP_HIGH: &str = "bapo_learner_clip_high";
+pub const POS_FRACTION: &str = "bapo_learner_pos_fraction";
+pub const GRAD_NORM: &str = "bapo_learner_grad_norm";
+pub const LR: &str = "bapo_learner_lr";
+pub const REWARD_MEAN: &str = "bapo_learner_reward_mean";
+pub const EVAL_ACCURACY: &str = "bapo_learner_eval_accuracy";
+pub const TOKENS_PER_SECOND: &str = "bapo_learner_tokens_per_second";
+pub const CLIP_FRACTION: &str = "bapo_learner_clip_fraction";
+pub const BATCH_STALENESS: &str = "bapo_learner_batch_staleness";
+pub const STEP_SECONDS: &str = "bapo_learner_step_seconds";
+pub const IDLE_SECONDS: &str = "bapo_learner_idle_seconds_total";
+pub const WEIGHT_SUBSCRIBERS: &str = "bapo_learner_weight_subscribers";
+pub const WEIGHT_PUBLISH_SECONDS: &str = "bapo_learner_weight_publish_seconds";
+pub const BAD_GROUPS: &str = "bapo_learner_bad_groups_total";
+
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(STEPS, "Optimiser steps taken");
+    describe_gauge!(POLICY_VERSION, "Policy version after the latest step");
+    describe_gauge!(LOSS, "Policy loss of the latest step");
+    describe_gauge!(ENTROPY, "Mean token entropy of the latest batch");
+    describe_gauge!(CLIP_LOW, "Lower clip bound c_low used by the latest step");
+    describe_gauge!(CLIP_HIGH, "Upper clip bound c_high used by the latest step");
+    describe_gauge!(
+        POS_FRACTION,
+        "Share of the loss from positive-advantage tokens (BAPO's target)"
+    );
+    describe_gauge!(GRAD_NORM, "Global gradient norm before clipping");
+    describe_gauge!(LR, "Learning rate applied by the latest step");
+    describe_gauge!(REWARD_MEAN, "Mean reward of the latest batch");
+    describe_gauge!(EVAL_ACCURACY, "Held-out greedy accuracy at the latest evaluation");
+    describe_gauge!(TOKENS_PER_SECOND, Unit::CountPerSecond, "Trained tokens per second of step time");
+    describe_gauge!(CLIP_FRACTION, "Fraction of tokens clipped, by side (low, high, dual)");
+    describe_histogram!(BATCH_STALENESS, "Staleness of each trained sequence (versions)");
+    describe_histogram!(STEP_SECONDS, Unit::Seconds, "Duration of an optimiser step");
+    describe_counter!(IDLE_SECONDS, Unit::Seconds, "Time spent waiting for data");
+    describe_gauge!(WEIGHT_SUBSCRIBERS, "Actors subscribed to the weight stream");
+    describe_histogram!(
+        WEIGHT_PUBLISH_SECONDS,
+        Unit::Seconds,
+        "From publishing a version to its last chunk sent, per subscriber"
+    );
+    describe_counter!(BAD_GROUPS, "Groups from the buffer that could not be trained on");
+}
+
+/// Records a step's report.
+pub fn record_step(r: &StepReport, staleness: &[u64]) {
+    let m = &r.metrics;
+    let get = |k: &str| m.get(k).copied();
+    counter!(STEPS).increment(1);
+    gauge!(POLICY_VERSION).set(r.version as f64);
+    gauge!(LOSS).set(r.loss);
+    gauge!(LR).set(r.lr);
+    histogram!(STEP_SECONDS).record(r.seconds);
+    gauge!(TOKENS_PER_SECOND).set(r.tokens as f64 / r.seconds.max(1e-9));
+    let pairs: [(&str, &str); 6] = [
+        (ENTROPY, "entropy"),
+        (CLIP_LOW, "c_low"),
+        (CLIP_HIGH, "c_high"),
+        (POS_FRACTION, "pos_fraction"),
+        (GRAD_NORM, "grad_norm"),
+        (REWARD_MEAN, "reward_mean"),
+    ];
+    for (name, key) in pairs {
+        if let Some(v) = get(key) {
+            gauge!(name).set(v);
+        }
+    }
+    for (side, key) in [
+        ("low", "clip_frac_low"),
+        ("high", "clip_frac_high"),
+        ("dual", "dual_clip_frac"),
+    ] {
+        if let Some(v) = get(key) {
+            gauge!(CLIP_FRACTION, "side" => side).set(v);
+        }
+    }
+    for &s in staleness {
+        histogram!(BATCH_STALENESS).record(s as f64);
+    }
+}
+
+/// The JSONL record of a step: the report flattened, plus run context.
+pub fn step_record(
+    r: &StepReport,
+    elapsed_s: f64,
+    idle_s: f64,
+    extra: &BTreeMap<String, f64>,
+) -> serde_json::Value {
+    let mut o = serde_json::Map::new();
+    o.insert("step".into(), r.step.into());
+    o.insert("version".into(), r.version.into());
+    o.insert("time_s".into(), elapsed_s.into());
+    o.insert("idle_s".into(), idle_s.into());
+    o.insert("loss".into(), finite(r.loss));
+    o.insert("lr".into(), finite(r.lr));
+    o.insert("sequences".into(), r.sequences.into());
+    o.insert("tokens".into(), r.tokens.into());
+    o.insert("step_s".into(), finite(r.seconds));
+    o.insert(
+        "tokens_per_s".into(),
+        finite(r.tokens as f64 / r.seconds.max(1e-9)),
+    );
+    for (k, v) in r.metrics.iter().chain(extra) {
+        o.insert(k.clone(), finite(*v));
+    }
+    serde_json::Value::Object(o)
+}
+
+/// JSON has no NaN or infinity; they become null.
+fn finite(x: f64) -> serde_json::Value {
+    serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
+}
