@@ -1,0 +1,256 @@
+{{/* Names, labels, images and the config file of the bapo chart. */}}
+
+{{- define "bapo.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* <release>-bapo, or the release name when it already says bapo. */}}
+{{- define "bapo.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "bapo.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Names of the per-component objects: (dict "root" $ "component" "buffer"). */}}
+{{- define "bapo.componentName" -}}
+{{- printf "%s-%s" (include "bapo.fullname" .root | trunc 50 | trimSuffix "-") .component -}}
+{{- end -}}
+
+{{- define "bapo.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "bapo.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Labels of the release as a whole (no component). */}}
+{{- define "bapo.releaseLabels" -}}
+app.kubernetes.io/name: {{ include "bapo.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: bapo
+helm.sh/chart: {{ include "bapo.chart" . }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "bapo.labels" -}}
+{{ include "bapo.releaseLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "bapo.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "bapo.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The image of a component: (dict "root" $ "gpus" N). */}}
+{{- define "bapo.image" -}}
+{{- $v := .root.Values -}}
+{{- $tag := default .root.Chart.AppVersion $v.image.tag -}}
+{{- if gt (int .gpus) 0 -}}
+{{- printf "%s:%s" (default $v.image.repository $v.gpuImage.repository) (default (printf "%s-cuda" $tag) $v.gpuImage.tag) -}}
+{{- else -}}
+{{- printf "%s:%s" $v.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Client addresses of the two gRPC servers. */}}
+{{- define "bapo.bufferUrl" -}}
+{{- printf "http://%s.%s.svc:%d" (include "bapo.componentName" (dict "root" . "component" "buffer")) .Release.Namespace (int .Values.ports.bufferGrpc) -}}
+{{- end -}}
+{{- define "bapo.learnerUrl" -}}
+{{- printf "http://%s.%s.svc:%d" (include "bapo.componentName" (dict "root" . "component" "learner")) .Release.Namespace (int .Values.ports.learnerGrpc) -}}
+{{- end -}}
+
+{{/*
+One TOML value. Helm reads every number in values as a float64, and
+toToml writes 8 as 8.0, which an integer setting refuses; whole numbers
+are written as integers here (a float setting accepts an integer).
+*/}}
+{{- define "bapo.tomlValue" -}}
+{{- $v := . -}}
+{{- if kindIs "string" $v -}}
+{{- toJson $v -}}
+{{- else if kindIs "bool" $v -}}
+{{- ternary "true" "false" $v -}}
+{{- else if or (kindIs "float64" $v) (kindIs "float32" $v) -}}
+{{- if eq (float64 $v) (floor $v) -}}
+{{- printf "%d" (int64 $v) -}}
+{{- else -}}
+{{- printf "%v" $v -}}
+{{- end -}}
+{{- else if or (kindIs "int" $v) (kindIs "int64" $v) -}}
+{{- printf "%d" $v -}}
+{{- else if kindIs "slice" $v -}}
+[{{- range $i, $e := $v -}}{{- if $i -}}, {{ end -}}{{- include "bapo.tomlValue" $e -}}{{- end -}}]
+{{- else -}}
+{{- fail (printf "config: cannot write %v (%s) as a TOML value" $v (kindOf $v)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+One [table] of the config file, then its sub-tables as [table.sub]:
+(dict "name" "actor" "table" map).
+*/}}
+{{- define "bapo.tomlTable" -}}
+[{{ .name }}]
+{{- range $k, $v := .table }}
+{{- if not (kindIs "map" $v) }}
+{{- if not (kindIs "invalid" $v) }}
+{{ $k }} = {{ include "bapo.tomlValue" $v }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $k, $v := .table }}
+{{- if kindIs "map" $v }}
+
+{{ include "bapo.tomlTable" (dict "name" (printf "%s.%s" $.name $k) "table" $v) }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The whole config file. */}}
+{{- define "bapo.configToml" -}}
+{{- if .Values.configOverride -}}
+{{- .Values.configOverride -}}
+{{- else -}}
+{{- $c := .Values.config -}}
+{{- $b := default dict $c.buffer -}}
+{{- $a := default dict $c.actor -}}
+{{- $l := default dict $c.learner -}}
+{{- if and (hasKey $b "group_size") (hasKey $a "group_size") (ne (toString $b.group_size) (toString $a.group_size)) -}}
+{{- fail (printf "config.buffer.group_size (%v) and config.actor.group_size (%v) must be equal" $b.group_size $a.group_size) -}}
+{{- end -}}
+{{- if and (hasKey $b "batch_groups") (hasKey $l "batch_groups") (ne (toString $b.batch_groups) (toString $l.batch_groups)) -}}
+{{- fail (printf "config.buffer.batch_groups (%v) and config.learner.batch_groups (%v) must be equal" $b.batch_groups $l.batch_groups) -}}
+{{- end -}}
+{{- if hasKey $c "model" -}}
+{{- fail "config.model: set the model with the chart's `model` values" -}}
+{{- end -}}
+# Rendered by the bapo Helm chart (release {{ .Release.Name }}).
+{{- range $name, $table := $c }}
+{{- if not (kindIs "map" $table) }}
+{{- fail (printf "config.%s must be a table (a map of settings)" $name) }}
+{{- end }}
+
+{{ include "bapo.tomlTable" (dict "name" $name "table" $table) }}
+{{- end }}
+
+[model]
+{{- if .Values.model.hfDir }}
+hf_dir = {{ toJson .Values.model.hfDir }}
+{{- else }}
+preset = {{ toJson (required "model.preset or model.hfDir is required" .Values.model.preset) }}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* prometheus.io annotations of a pod, when enabled. */}}
+{{- define "bapo.scrapeAnnotations" -}}
+{{- if .Values.metrics.podAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.ports.metrics | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end -}}
+
+{{/* The env every container gets. */}}
+{{- define "bapo.commonEnv" -}}
+- name: RUST_LOG
+  value: {{ .Values.logLevel | quote }}
+- name: HOME
+  value: /tmp
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- end -}}
+
+{{/* Mounts every container gets: the config file and /tmp. */}}
+{{- define "bapo.commonMounts" -}}
+- name: config
+  mountPath: /etc/bapo
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
+{{- define "bapo.commonVolumes" -}}
+- name: config
+  configMap:
+    name: {{ include "bapo.fullname" . }}-config
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.tmpSizeLimit }}
+{{- end -}}
+
+{{/* The model volume, when one is configured. */}}
+{{- define "bapo.modelMount" -}}
+{{- if .Values.model.volume.existingClaim }}
+- name: model
+  mountPath: {{ .Values.model.volume.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "bapo.modelVolume" -}}
+{{- if .Values.model.volume.existingClaim }}
+- name: model
+  persistentVolumeClaim:
+    claimName: {{ .Values.model.volume.existingClaim }}
+    readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* resources with the GPU request added: (dict "resources" map "gpus" N). */}}
+{{- define "bapo.resources" -}}
+{{- $r := deepCopy (default dict .resources) -}}
+{{- if gt (int .gpus) 0 -}}
+{{- $limits := default dict $r.limits -}}
+{{- $_ := set $limits "nvidia.com/gpu" (int .gpus) -}}
+{{- $_ := set $r "limits" $limits -}}
+{{- $requests := default dict $r.requests -}}
+{{- $_ := set $requests "nvidia.com/gpu" (int .gpus) -}}
+{{- $_ := set $r "requests" $requests -}}
+{{- end -}}
+{{- toYaml $r -}}
+{{- end -}}
+
+{{/* A pod's config checksum, so a changed config rolls the pods. */}}
+{{- define "bapo.configChecksum" -}}
+checksum/config: {{ include "bapo.configToml" . | sha256sum }}
+{{- end -}}
+
+{{/*
+The actors' scaling signal: targetReadyGroups / (ready groups, averaged),
+against a target value of 1, so that an HPA asks for
+replicas x targetReadyGroups / backlog: more actors while the learner
+waits for data, fewer while groups pile up. Missing data reads 1 (no change).
+*/}}
+{{- define "bapo.readySelector" -}}
+{{- $a := .Values.actor.autoscaling -}}
+{{- if $a.metricSelector -}}
+{{- $a.metricSelector -}}
+{{- else -}}
+{{- printf "state=\"ready\", namespace=\"%s\", pod=\"%s-0\"" .Release.Namespace (include "bapo.componentName" (dict "root" . "component" "buffer")) -}}
+{{- end -}}
+{{- end -}}
+{{- define "bapo.scaleRatioQuery" -}}
+{{- $a := .Values.actor.autoscaling -}}
+{{- printf "(%v / clamp_min(avg_over_time(sum(bapo_buffer_groups{%s})[%s:15s]), 1)) or vector(1)" $a.targetReadyGroups (include "bapo.readySelector" .) $a.window -}}
+{{- end -}}

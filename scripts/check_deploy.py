@@ -1,0 +1,513 @@
+#!/usr/bin/env python3
+"""Checks of deploy/ that need Python: called by scripts/check-deploy.sh.
+
+Renders the Helm chart with Helm's own Go SDK (helm-python-sdk, the same
+engine as `helm template`), lints it, validates every rendered object
+against the Kubernetes JSON schemas in strict mode (kubernetes-validate),
+checks that the objects fit together (selectors, named ports, probes, the
+CLI contract, the config file), and that the copies of the dashboard and
+the rules inside the chart equal the ones in deploy/. It writes every
+PromQL expression of the dashboard into a rules file for promtool to parse.
+
+Prints one line per check and exits non-zero if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+CHART = DEPLOY / "helm" / "bapo"
+CI_VALUES = CHART / "ci"
+
+# Kubernetes versions whose schemas every object must pass (strict).
+KUBE_VERSIONS = ["1.30.0", "1.37.0"]
+# Custom resources: no schema in kubernetes-validate; checked by hand below.
+CRDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
+}
+RELEASE, NAMESPACE = "rl", "train"
+
+results: list[tuple[bool, str, str]] = []
+
+
+def check(name: str, fn: Callable[[], Any]) -> Any:
+    """Runs one check; an AssertionError (or any error) is a failure."""
+    try:
+        out = fn()
+    except Exception as e:  # noqa: BLE001 - every failure is reported
+        msg = f"{type(e).__name__}: {e}" if not isinstance(e, AssertionError) else str(e)
+        results.append((False, name, msg))
+        print(f"FAIL {name}\n" + textwrap.indent(msg.rstrip(), "     "), flush=True)
+        return None
+    results.append((True, name, ""))
+    print(f"ok   {name}", flush=True)
+    return out
+
+
+def note(msg: str) -> None:
+    print(f"note {msg}", flush=True)
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def render(values: dict, release: str = RELEASE) -> list[dict]:
+    import helm_python as helm
+
+    with helm.Chart.load(str(CHART)) as chart:
+        out = chart.render(values, name=release, namespace=NAMESPACE, is_install=True)
+    docs = []
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                doc.setdefault("__source", path)
+                docs.append(doc)
+    return docs
+
+
+def strip(obj: dict) -> dict:
+    return {k: v for k, v in obj.items() if k != "__source"}
+
+
+def lint(values: dict) -> None:
+    import helm_python as helm
+
+    report = helm.lint(str(CHART), values, strict=True, namespace=NAMESPACE, kube_version="v1.30.0")
+    bad = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2]
+    errs = report.get("errors") or []
+    assert not bad and not errs, "helm lint --strict:\n" + "\n".join(
+        [f"{m.get('path')}: {m.get('error')}" for m in bad] + [str(e) for e in errs]
+    )
+
+
+def validate_schemas(docs: list[dict]) -> None:
+    import kubernetes_validate as kv
+
+    problems, skipped = [], set()
+    for d in docs:
+        if (d.get("apiVersion"), d.get("kind")) in CRDS:
+            skipped.add(d["kind"])
+            continue
+        for ver in KUBE_VERSIONS:
+            try:
+                kv.validate(strip(d), ver, strict=True)
+            except Exception as e:  # noqa: BLE001
+                msg = getattr(e, "message", None) or str(e)
+                path = "/".join(str(p) for p in getattr(e, "path", []) or [])
+                problems.append(f"{d['kind']}/{d['metadata']['name']} (k8s {ver}) at {path or '.'}: {msg}")
+    if skipped:
+        note(f"no Kubernetes schema for custom resources {sorted(skipped)}: checked structurally instead")
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------- cross-object checks
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict], kind: str, name_suffix: str) -> dict:
+    found = [d for d in by_kind(docs, kind) if d["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, f"expected one {kind} named *{name_suffix}, found {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def workloads(docs: list[dict]) -> list[dict]:
+    return [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+
+
+def matches(selector: dict, labels: dict) -> bool:
+    ml = selector.get("matchLabels", {}) if "matchLabels" in selector or "matchExpressions" in selector else selector
+    assert not selector.get("matchExpressions"), "matchExpressions are not checked"
+    return all(labels.get(k) == v for k, v in ml.items())
+
+
+def pods_selected(docs: list[dict], selector: dict) -> list[dict]:
+    return [w for w in workloads(docs) if matches(selector, w["spec"]["template"]["metadata"].get("labels", {}))]
+
+
+def container_ports(w: dict) -> dict:
+    return {p["name"]: p["containerPort"] for c in w["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+
+
+def args_of(w: dict) -> list[str]:
+    return w["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def flag(args: list[str], name: str) -> str:
+    assert name in args, f"{args[0]}: flag {name} missing from {args}"
+    return args[args.index(name) + 1]
+
+
+def buffer_fields() -> set[str]:
+    src = (ROOT / "buffer-service" / "src" / "config.rs").read_text()
+    body = src.split("pub struct BufferConfig {", 1)[1].split("\n}", 1)[0]
+    return set(re.findall(r"^\s*pub (\w+):", body, re.M))
+
+
+def check_objects(docs: list[dict], values: dict) -> None:
+    """Every relation between the rendered objects that a cluster would
+    only reveal at run time."""
+    names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert len(names) == len(set(names)), f"duplicate objects: {names}"
+    for d in docs:
+        if not d["metadata"]["name"].endswith("-dashboard"):  # may live in Grafana's namespace
+            assert d["metadata"].get("namespace") == NAMESPACE, f"{d['kind']}/{d['metadata']['name']}: namespace"
+        assert len(d["metadata"]["name"]) <= 63, f"name too long: {d['metadata']['name']}"
+
+    buffer = one(docs, "StatefulSet", "-buffer")
+    learner = one(docs, "StatefulSet", "-learner")
+    actor = one(docs, "Deployment", "-actor")
+    services = {s["metadata"]["name"]: s for s in by_kind(docs, "Service")}
+    configmaps = {c["metadata"]["name"]: c for c in by_kind(docs, "ConfigMap")}
+
+    # Services select pods and name ports those pods have.
+    for s in services.values():
+        sel = pods_selected(docs, s["spec"]["selector"])
+        assert len(sel) == 1, f"Service {s['metadata']['name']} selects {len(sel)} workloads"
+        ports = container_ports(sel[0])
+        for p in s["spec"]["ports"]:
+            assert p["targetPort"] in ports, f"Service {s['metadata']['name']}: no container port {p['targetPort']}"
+    for sts in (buffer, learner):
+        gov = services.get(sts["spec"]["serviceName"])
+        assert gov and gov["spec"].get("clusterIP") == "None", f"{sts['metadata']['name']}: governing Service must exist and be headless"
+
+    # Pods: security, /tmp, config, probes.
+    for w in workloads(docs):
+        wn, spec = w["metadata"]["name"], w["spec"]["template"]["spec"]
+        assert matches(w["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"]), f"{wn}: selector"
+        psc = spec["securityContext"]
+        assert psc.get("runAsNonRoot") is True and psc.get("runAsUser") == 10001, f"{wn}: pod must run as uid 10001, non-root"
+        assert psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{wn}: seccomp"
+        vols = {v["name"]: v for v in spec["volumes"]}
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc.get("readOnlyRootFilesystem") is True, f"{wn}: read-only root"
+            assert sc.get("allowPrivilegeEscalation") is False, f"{wn}: privilege escalation"
+            assert sc.get("capabilities", {}).get("drop") == ["ALL"], f"{wn}: capabilities"
+            mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+            assert "emptyDir" in vols[mounts["/tmp"]], f"{wn}: /tmp must be an emptyDir"
+            cm = vols[mounts["/etc/bapo"]]["configMap"]["name"]
+            assert cm in configmaps and "bapo.toml" in configmaps[cm]["data"], f"{wn}: config map {cm}"
+            for m in c["volumeMounts"]:
+                assert m["name"] in vols or any(
+                    t["metadata"]["name"] == m["name"] for t in w["spec"].get("volumeClaimTemplates", [])
+                ), f"{wn}: mount {m['name']} has no volume"
+            assert flag(c["args"], "--config") == "/etc/bapo/bapo.toml", f"{wn}: --config"
+            ports = container_ports(w)
+            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                p = c[probe]
+                if "grpc" in p:
+                    assert p["grpc"]["port"] in ports.values(), f"{wn}: {probe} port"
+                else:
+                    assert p["httpGet"]["port"] in ports and p["httpGet"]["path"] == "/metrics", f"{wn}: {probe}"
+            assert c["resources"].get("limits", {}).get("memory"), f"{wn}: memory limit"
+            env = {e["name"] for e in c.get("env", [])}
+            assert {"POD_NAME", "HOME", "RUST_LOG"} <= env, f"{wn}: env {env}"
+
+    # The CLI contract.
+    metrics = values_get(values, "ports.metrics", 9100)
+    bgrpc, lgrpc = values_get(values, "ports.bufferGrpc", 50051), values_get(values, "ports.learnerGrpc", 50052)
+    b, l, a = args_of(buffer), args_of(learner), args_of(actor)
+    assert b[0] == "buffer" and l[0] == "learner" and a[0] == "actor", "subcommands"
+    assert flag(b, "--listen") == f"0.0.0.0:{bgrpc}" and flag(l, "--listen") == f"0.0.0.0:{lgrpc}", "--listen"
+    for args in (b, l, a):
+        assert flag(args, "--metrics-listen") == f"0.0.0.0:{metrics}", "--metrics-listen"
+    if values_get(values, "buffer.persistence.enabled", True):
+        assert flag(b, "--data-dir") == "/data", "--data-dir"
+    assert flag(l, "--out") == "/checkpoints", "--out"
+    assert ("--resume" in l) == values_get(values, "learner.resume", True), "--resume"
+    assert flag(a, "--actor-id") == "$(POD_NAME)", "--actor-id"
+    buf_svc = next(s for s in services.values() if s["metadata"]["name"] == buffer["metadata"]["name"])
+    learn_svc = services[learner["spec"]["serviceName"]]
+    want_buf = f"http://{buf_svc['metadata']['name']}.{NAMESPACE}.svc:{bgrpc}"
+    want_learn = f"http://{learn_svc['metadata']['name']}.{NAMESPACE}.svc:{lgrpc}"
+    assert flag(l, "--buffer") == want_buf and flag(a, "--buffer") == want_buf, f"--buffer must be {want_buf}"
+    assert flag(a, "--learner") == want_learn, f"--learner must be {want_learn}"
+    assert any(p["port"] == bgrpc for p in buf_svc["spec"]["ports"]), "buffer Service port"
+    assert any(p["port"] == lgrpc for p in learn_svc["spec"]["ports"]), "learner Service port"
+
+    # GPUs.
+    for w, key in ((learner, "learner"), (actor, "actor")):
+        gpus = values_get(values, f"{key}.gpus", 1)
+        res = w["spec"]["template"]["spec"]["containers"][0]["resources"]
+        got = res.get("limits", {}).get("nvidia.com/gpu")
+        assert (got or 0) == gpus, f"{key}: nvidia.com/gpu limit {got}, want {gpus}"
+        img = w["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert img.endswith("-cuda") == (gpus > 0) or values_get(values, "gpuImage.tag", ""), f"{key}: image {img}"
+    assert "nvidia.com/gpu" not in json.dumps(buffer["spec"]["template"]["spec"]["containers"][0]["resources"]), "buffer GPU"
+    assert [t["metadata"]["name"] for t in learner["spec"]["volumeClaimTemplates"]] == ["checkpoints"], "learner PVC"
+
+    # The config file.
+    cm = next(c for c in configmaps.values() if "bapo.toml" in c.get("data", {}))
+    cfg = tomllib.loads(cm["data"]["bapo.toml"])
+    if not values.get("configOverride"):
+        assert {"buffer", "model", "learner", "actor", "task"} <= set(cfg), f"config tables: {sorted(cfg)}"
+        unknown = set(cfg["buffer"]) - buffer_fields()
+        assert not unknown, f"[buffer] keys not in BufferConfig: {sorted(unknown)}"
+        for k in ("group_size", "batch_groups", "max_staleness"):
+            if k in cfg["buffer"]:
+                assert isinstance(cfg["buffer"][k], int), f"[buffer] {k} must be a TOML integer"
+        assert ("hf_dir" in cfg["model"]) != ("preset" in cfg["model"]), f"[model]: {cfg['model']}"
+
+    # Actor fleet: autoscaling, PDB.
+    auto = values_get(values, "actor.autoscaling.enabled", False)
+    assert ("replicas" in actor["spec"]) != auto, "actor replicas must be unset exactly when autoscaling"
+    for kind in ("HorizontalPodAutoscaler", "ScaledObject"):
+        for h in by_kind(docs, kind):
+            ref = h["spec"]["scaleTargetRef"]
+            assert ref["kind"] == "Deployment" and ref["name"] == actor["metadata"]["name"], f"{kind} target {ref}"
+    if auto:
+        assert len(by_kind(docs, "HorizontalPodAutoscaler") + by_kind(docs, "ScaledObject")) == 1, "one autoscaler"
+    for so in by_kind(docs, "ScaledObject"):
+        trig = so["spec"]["triggers"][0]
+        assert trig["type"] == "prometheus" and "bapo_buffer_groups" in trig["metadata"]["query"], "KEDA trigger"
+        assert trig["metadata"]["serverAddress"].startswith("http"), "KEDA serverAddress"
+    for pdb in by_kind(docs, "PodDisruptionBudget"):
+        assert pods_selected(docs, pdb["spec"]["selector"]) == [actor], "PDB must select the actors"
+
+    # NetworkPolicies: each selects one workload, its named ports exist, and
+    # together they allow exactly actor->buffer, learner->buffer, actor->learner.
+    comp = lambda w: w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]  # noqa: E731
+    allowed = set()
+    for np in by_kind(docs, "NetworkPolicy"):
+        target = pods_selected(docs, np["spec"]["podSelector"])
+        assert len(target) == 1, f"NetworkPolicy {np['metadata']['name']} selects {len(target)} workloads"
+        ports = container_ports(target[0])
+        for rule in np["spec"].get("ingress", []):
+            for p in rule.get("ports", []):
+                assert p["port"] in ports, f"NetworkPolicy {np['metadata']['name']}: no port {p['port']}"
+            for peer in rule.get("from", []):
+                if "namespaceSelector" in peer:
+                    continue  # Prometheus
+                for src in pods_selected(docs, peer["podSelector"]):
+                    allowed.add((comp(src), comp(target[0])))
+    if by_kind(docs, "NetworkPolicy"):
+        want = {("actor", "buffer"), ("learner", "buffer"), ("actor", "learner")}
+        assert allowed == want, f"NetworkPolicy allows {sorted(allowed)}, want {sorted(want)}"
+
+    # ServiceMonitor: one scrape target per workload.
+    for sm in by_kind(docs, "ServiceMonitor"):
+        picked = [s for s in services.values() if matches(sm["spec"]["selector"], s["metadata"]["labels"])]
+        comps = sorted(s["metadata"]["labels"]["app.kubernetes.io/component"] for s in picked)
+        assert comps == ["actor", "buffer", "learner"], f"ServiceMonitor scrapes {comps}"
+        for s in picked:
+            assert any(p["name"] == sm["spec"]["endpoints"][0]["port"] for p in s["spec"]["ports"]), "metrics port"
+
+    # The copies inside the chart.
+    for pr in by_kind(docs, "PrometheusRule"):
+        want = yaml.safe_load((DEPLOY / "prometheus" / "rules.yml").read_text())
+        assert pr["spec"] == {"groups": want["groups"]}, "PrometheusRule differs from deploy/prometheus/rules.yml"
+    for c in configmaps.values():
+        if "bapo-dashboard.json" in c.get("data", {}):
+            assert c["metadata"]["labels"].get("grafana_dashboard") == "1", "dashboard label"
+            want = json.loads((DEPLOY / "grafana" / "bapo-dashboard.json").read_text())
+            assert json.loads(c["data"]["bapo-dashboard.json"]) == want, "dashboard ConfigMap differs"
+
+
+def values_get(values: dict, dotted: str, default: Any) -> Any:
+    cur: Any = values
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return default
+        cur = cur[part]
+    return cur
+
+
+def must_fail(values: dict, needle: str) -> None:
+    try:
+        render(values)
+    except Exception as e:  # noqa: BLE001
+        assert needle in str(e), f"failed, but not with {needle!r}: {e}"
+        return
+    raise AssertionError(f"rendered, but should have failed with {needle!r}")
+
+
+# ------------------------------------------------------------ static files
+
+
+def check_copies() -> None:
+    pairs = [
+        (DEPLOY / "grafana" / "bapo-dashboard.json", CHART / "dashboards" / "bapo-dashboard.json"),
+        (DEPLOY / "prometheus" / "rules.yml", CHART / "prometheus" / "rules.yml"),
+    ]
+    for a, b in pairs:
+        assert a.read_bytes() == b.read_bytes(), (
+            f"{b.relative_to(ROOT)} differs from {a.relative_to(ROOT)}: copy it (cp {a.relative_to(ROOT)} {b.relative_to(ROOT)})"
+        )
+
+
+def dashboard_exprs(out: Path) -> int:
+    """Checks the dashboard's shape and writes its queries, with Grafana's
+    variables replaced, as recording rules for `promtool check rules`."""
+    dash = json.loads((DEPLOY / "grafana" / "bapo-dashboard.json").read_text())
+    assert dash.get("uid") and dash.get("title"), "uid and title"
+    panels = []
+    for p in dash["panels"]:
+        panels.append(p)
+        panels.extend(p.get("panels", []))
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), f"duplicate panel ids {ids}"
+    exprs = []
+    for p in panels:
+        if p.get("type") == "row":
+            continue
+        assert p.get("gridPos"), f"panel {p['id']}: gridPos"
+        assert p.get("targets"), f"panel {p.get('title')}: no queries"
+        assert p.get("datasource", {}).get("uid") == "${datasource}", f"panel {p.get('title')}: datasource"
+        for t in p["targets"]:
+            exprs.append((p["title"], t["expr"]))
+    subst = {
+        "$__rate_interval": "1m",
+        "$__interval": "30s",
+        "$__range": "1h",
+        "${namespace}": "ns",
+        "$namespace": "ns",
+        "${release}": "rel",
+        "$release": "rel",
+    }
+    rules = []
+    for i, (title, e) in enumerate(exprs):
+        for k, v in subst.items():
+            e = e.replace(k, v)
+        assert "$" not in e, f"{title}: unknown variable in {e}"
+        rules.append({"record": f"dashboard:query_{i}", "expr": e})
+    out.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, sort_keys=False))
+    return len(exprs)
+
+
+def alerts_tested() -> None:
+    """Every alert of rules.yml has a test where it fires and one where it
+    does not."""
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "rules.yml").read_text())
+    tests = yaml.safe_load((DEPLOY / "prometheus" / "rules_test.yml").read_text())
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    fires, quiet = set(), set()
+    for t in tests["tests"]:
+        for a in t.get("alert_rule_test", []):
+            (fires if a.get("exp_alerts") else quiet).add(a["alertname"])
+    missing = sorted((alerts - fires) | (alerts - quiet))
+    assert not missing, f"alerts without a firing and a silent test in rules_test.yml: {missing}"
+    unknown = sorted((fires | quiet) - alerts)
+    assert not unknown, f"rules_test.yml tests alerts rules.yml lacks: {unknown}"
+
+
+def scale_query_test(docs: list[dict], out: Path) -> None:
+    """Writes a promtool test of the KEDA trigger's query as rendered:
+    targetReadyGroups / backlog, 1 without data, other series ignored."""
+    so = by_kind(docs, "ScaledObject")[0]
+    query = so["spec"]["triggers"][0]["metadata"]["query"]
+    buf = one(docs, "StatefulSet", "-buffer")["metadata"]["name"]
+    target = float(re.match(r"\((\d+(?:\.\d+)?) / ", query).group(1))
+    lab = f'namespace="{NAMESPACE}", pod="{buf}-0"'
+    series = [
+        {"series": f"bapo_buffer_groups{{{lab}, state=\"ready\"}}", "values": "4x10 32x10 0x10"},
+        {"series": f"bapo_buffer_groups{{{lab}, state=\"pending\"}}", "values": "100x30"},
+        {"series": f"bapo_buffer_groups{{namespace=\"other\", pod=\"{buf}-0\", state=\"ready\"}}", "values": "1000x30"},
+    ]
+    expect = [("8m", target / 4), ("18m", target / 32), ("28m", target)]
+    test = {
+        "rule_files": ["empty-rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "name": "KEDA query: targetReadyGroups / backlog",
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {"expr": query, "eval_time": t, "exp_samples": [{"labels": "{}", "value": v}]} for t, v in expect
+                ],
+            },
+            {
+                "name": "KEDA query: no data means no change",
+                "interval": "1m",
+                "input_series": series[2:],
+                "promql_expr_test": [{"expr": query, "eval_time": "5m", "exp_samples": [{"labels": "{}", "value": 1}]}],
+            },
+        ],
+    }
+    (out / "empty-rules.yml").write_text("groups: []\n")
+    (out / "scale-query-test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+
+
+def metric_names_documented() -> None:
+    """A warning, not a failure: metrics the deploy files use that
+    docs/metrics.md does not list yet."""
+    documented = set(re.findall(r"`(bapo_\w+)`", (ROOT / "docs" / "metrics.md").read_text()))
+    used = set()
+    for f in [DEPLOY / "prometheus" / "rules.yml", DEPLOY / "grafana" / "bapo-dashboard.json"]:
+        used |= set(re.findall(r"(?<![:\w])(bapo_[a-z_]+?)(?:_bucket|_sum|_count)?(?![:\w])", f.read_text()))
+    missing = sorted(u for u in used if u not in documented)
+    if missing:
+        note("metrics used in deploy/ but not (yet) in docs/metrics.md: " + ", ".join(missing))
+
+
+# -------------------------------------------------------------------- main
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True, help="directory for rendered manifests")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    cases: list[tuple[str, dict]] = [("default values", {})]
+    for f in sorted(CI_VALUES.glob("*.yaml")):
+        cases.append((f"ci/{f.name}", yaml.safe_load(f.read_text()) or {}))
+    for label, values in cases:
+        docs = check(f"helm template ({label})", lambda: render(values))
+        if docs is None:
+            continue
+        kinds = sorted({d["kind"] for d in docs})
+        note(f"{label}: {len(docs)} objects: {', '.join(kinds)}")
+        stem = "default" if label == "default values" else Path(label).stem
+        (args.out / f"{stem}.yaml").write_text(yaml.safe_dump_all([strip(d) for d in docs], sort_keys=False))
+        check(f"helm lint --strict ({label})", lambda: lint(values))
+        check(f"schemas k8s {'+'.join(KUBE_VERSIONS)} strict ({label})", lambda: validate_schemas(docs))
+        check(f"objects fit together ({label})", lambda: check_objects(docs, values))
+        if by_kind(docs, "ScaledObject"):
+            check(f"KEDA query test written ({label})", lambda: scale_query_test(docs, args.out))
+    check("release named bapo renders", lambda: render({}, release="bapo"))
+
+    check(
+        "refuses group_size mismatch",
+        lambda: must_fail({"config": {"actor": {"group_size": 4}}}, "group_size"),
+    )
+    check(
+        "refuses unknown autoscaling provider",
+        lambda: must_fail({"actor": {"autoscaling": {"enabled": True, "provider": "x"}}}, "provider"),
+    )
+    check(
+        "refuses a misspelt value (values.schema.json)",
+        lambda: must_fail({"actors": {"replicas": 2}}, "actors"),
+    )
+    check("chart copies equal deploy/ files", check_copies)
+    check("every alert has a firing and a silent test", alerts_tested)
+    n = check("dashboard shape", lambda: dashboard_exprs(args.out / "dashboard-rules.yml"))
+    if n:
+        note(f"dashboard: {n} queries written for promtool")
+    metric_names_documented()
+
+    failed = [r for r in results if not r[0]]
+    print(f"check_deploy.py: {len(results) - len(failed)} passed, {len(failed)} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
