@@ -15,7 +15,10 @@ pub const ABORTED_GROUPS: &str = "bapo_actor_aborted_groups_total";
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(TOKENS, "Response tokens generated");
-    describe_counter!(GROUPS, "Groups generated, scored and accepted by the buffer");
+    describe_counter!(
+        GROUPS,
+        "Groups generated, scored and accepted by the buffer"
+    );
     describe_histogram!(REWARD, "Reward of each response");
     describe_histogram!(RESPONSE_TOKENS, "Length of each response in tokens");
     describe_gauge!(WEIGHT_VERSION, "Policy version of the weights in use");
@@ -28,12 +31,19 @@ pub fn describe() {
         Unit::Seconds,
         "Per group, the time from the first push attempt to the buffer's ack"
     );
-    describe_histogram!(GROUP_SECONDS, Unit::Seconds, "Time to generate and score a group");
+    describe_histogram!(
+        GROUP_SECONDS,
+        Unit::Seconds,
+        "Time to generate and score a group"
+    );
     describe_counter!(RECONNECTS, "Reconnections, by peer (buffer, learner)");
     describe_histogram!(
         WEIGHT_APPLY_SECONDS,
         Unit::Seconds,
         "From a weight update's announcement to the new weights in use"
     );
-    describe_counter!(ABORTED_GROUPS, "In-flight groups thrown away (restart mode, shutdown)");
+    describe_counter!(
+        ABORTED_GROUPS,
+        "In-flight groups thrown away (restart mode, shutdown)"
+    );
 }

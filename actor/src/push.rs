@@ -27,7 +27,10 @@ pub async fn push_group(
     rollouts: &[Rollout],
     abort: &mut watch::Receiver<bool>,
 ) -> Result<PushAck, PushError> {
-    let group_id = rollouts.first().map(|r| r.group_id.clone()).unwrap_or_default();
+    let group_id = rollouts
+        .first()
+        .map(|r| r.group_id.clone())
+        .unwrap_or_default();
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let started = Instant::now();
     loop {

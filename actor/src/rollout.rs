@@ -16,7 +16,11 @@ use bapo_policy::{
 use bapo_proto::{packed, v1};
 use metrics::counter;
 
-use crate::{config::UpdateMode, metrics as names, subscription::PolicyCell};
+use crate::{
+    config::UpdateMode,
+    metrics as names,
+    subscription::{PolicyCell, Versioned},
+};
 
 pub enum Outcome {
     Done(Vec<Response>),
@@ -24,26 +28,25 @@ pub enum Outcome {
     Aborted,
 }
 
-/// Generates `k` responses to `prompt`, following `cell` for new weights.
+/// Generates `k` responses to `prompt` with `start`, asking `updates`
+/// before every token whether newer weights have arrived.
 pub fn generate(
-    cell: &mut PolicyCell,
+    start: Arc<Versioned>,
+    updates: &mut dyn FnMut() -> Option<Arc<Versioned>>,
     prompt: &[u32],
     k: usize,
     params: &SamplingParams,
     mode: UpdateMode,
     abort: &AtomicBool,
 ) -> Outcome {
-    let Some(mut current) = cell.borrow_and_update().clone() else {
-        return Outcome::Aborted;
-    };
+    let mut current = start;
     let mut g = Generation::new(prompt.to_vec(), k, params.clone());
     while !g.is_done() {
         if abort.load(Ordering::Relaxed) {
             counter!(names::ABORTED_GROUPS).increment(1);
             return Outcome::Aborted;
         }
-        if cell.has_changed().unwrap_or(false)
-            && let Some(next) = cell.borrow_and_update().clone()
+        if let Some(next) = updates()
             && next.version != current.version
         {
             current = next;
@@ -58,6 +61,17 @@ pub fn generate(
         g.step(&current.policy, current.version as u32);
     }
     Outcome::Done(g.into_responses())
+}
+
+/// The update source of a generation that follows a weight subscription.
+pub fn follow_cell(cell: &mut PolicyCell) -> impl FnMut() -> Option<Arc<Versioned>> + '_ {
+    move || {
+        if cell.has_changed().unwrap_or(false) {
+            cell.borrow_and_update().clone()
+        } else {
+            None
+        }
+    }
 }
 
 /// What scoring needs besides the responses.

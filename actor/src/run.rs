@@ -13,11 +13,7 @@ use std::{
 };
 
 use anyhow::Context;
-use bapo_policy::{
-    burn::prelude::*,
-    tasks::Task,
-    tokenizer::TextTokenizer,
-};
+use bapo_policy::{burn::prelude::*, tasks::Task, tokenizer::TextTokenizer};
 use bapo_proto::v1::rollout_sink_client::RolloutSinkClient;
 use metrics::{counter, gauge, histogram};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -25,10 +21,9 @@ use tokio::sync::watch;
 use tonic::transport::Endpoint;
 
 use crate::{
-    ActorConfig,
-    metrics as names,
+    ActorConfig, metrics as names,
     push::push_group,
-    rollout::{Outcome, Scoring, generate, score},
+    rollout::{Outcome, Scoring, follow_cell, generate, score},
     subscription::{self, PolicyCell},
 };
 
@@ -55,7 +50,11 @@ pub async fn run(
     names::describe();
     anyhow::ensure!(cfg.group_size > 0, "actor.group_size must be at least 1");
     anyhow::ensure!(cfg.concurrency > 0, "actor.concurrency must be at least 1");
-    let stop_tokens: Vec<u32> = cfg.stop.iter().filter_map(|s| tokenizer.token_id(s)).collect();
+    let stop_tokens: Vec<u32> = cfg
+        .stop
+        .iter()
+        .filter_map(|s| tokenizer.token_id(s))
+        .collect();
     anyhow::ensure!(
         !stop_tokens.is_empty(),
         "none of the stop tokens {:?} is in the tokenizer",
@@ -169,7 +168,8 @@ impl Slot {
         let mut params = self.cfg.sampling.clone();
         params.stop_tokens = self.stop_tokens.clone();
         while !self.stopping.load(Ordering::Relaxed)
-            && (self.cfg.max_groups == 0 || self.groups.load(Ordering::Relaxed) < self.cfg.max_groups)
+            && (self.cfg.max_groups == 0
+                || self.groups.load(Ordering::Relaxed) < self.cfg.max_groups)
         {
             let problem = self.task.train_problem(rng.random());
             let prompt = match self.tokenizer.encode(&problem.prompt) {
@@ -187,8 +187,12 @@ impl Slot {
             n += 1;
             params.seed = rng.random();
             let t0 = Instant::now();
+            let Some(start) = self.cell.borrow_and_update().clone() else {
+                return;
+            };
             let responses = match generate(
-                &mut self.cell,
+                start,
+                &mut follow_cell(&mut self.cell),
                 &prompt,
                 self.cfg.group_size,
                 &params,
@@ -204,7 +208,14 @@ impl Slot {
                 shaping: &self.cfg.shaping,
                 stop_tokens: &self.stop_tokens,
             };
-            let rollouts = score(&scoring, &problem, &prompt, responses, &group_id, &self.actor_id);
+            let rollouts = score(
+                &scoring,
+                &problem,
+                &prompt,
+                responses,
+                &group_id,
+                &self.actor_id,
+            );
             histogram!(names::GROUP_SECONDS).record(t0.elapsed().as_secs_f64());
             let n_tokens: u64 = rollouts
                 .iter()
@@ -251,6 +262,7 @@ impl Not for bool {
 
 /// A stable 64-bit hash of a string (seeds per slot).
 fn fxhash(s: &str) -> u64 {
-    s.bytes()
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }

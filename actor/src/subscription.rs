@@ -17,8 +17,7 @@ use bapo_policy::{
     weights::{self, WeightsHeader},
 };
 use bapo_proto::v1::{
-    SubscribeRequest, WeightUpdate, weight_message::Kind,
-    weight_source_client::WeightSourceClient,
+    SubscribeRequest, WeightUpdate, weight_message::Kind, weight_source_client::WeightSourceClient,
 };
 use metrics::{counter, gauge, histogram};
 use tokio::sync::watch;
@@ -80,7 +79,8 @@ impl Assembly {
     pub fn finish(self, device: &Device) -> Result<Versioned, TransferError> {
         let version = self.update.version;
         let invalid = |message: String| TransferError::Invalid { version, message };
-        let header = WeightsHeader::from_bytes(&self.update.header).map_err(|e| invalid(e.to_string()))?;
+        let header =
+            WeightsHeader::from_bytes(&self.update.header).map_err(|e| invalid(e.to_string()))?;
         if header.policy_version != version {
             return Err(invalid(format!(
                 "header says version {}, update says {version}",
@@ -89,7 +89,9 @@ impl Assembly {
         }
         let config: ModelConfig = serde_json::from_str(&self.update.model_config_json)
             .map_err(|e| invalid(format!("model config: {e}")))?;
-        config.validate().map_err(|e| invalid(format!("model config: {e}")))?;
+        config
+            .validate()
+            .map_err(|e| invalid(format!("model config: {e}")))?;
         let model = weights::decode(&header, self.payload, Transformer::init(&config, device))
             .map_err(|e| invalid(e.to_string()))?;
         Ok(Versioned {

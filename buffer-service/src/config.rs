@@ -57,7 +57,7 @@ pub enum FsyncPolicy {
 }
 
 /// All buffer settings. Field names are the TOML keys.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BufferConfig {
     /// gRPC listen address.

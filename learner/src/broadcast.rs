@@ -32,6 +32,9 @@ pub struct Published {
 #[derive(Clone)]
 pub struct WeightHub {
     tx: Arc<watch::Sender<Option<Arc<Published>>>>,
+    /// Set when the learner stops: subscriber streams end, so the server's
+    /// graceful shutdown does not wait on streams that never finish.
+    closed: Arc<watch::Sender<bool>>,
 }
 
 impl Default for WeightHub {
@@ -44,6 +47,7 @@ impl WeightHub {
     pub fn new() -> Self {
         Self {
             tx: Arc::new(watch::channel(None).0),
+            closed: Arc::new(watch::channel(false).0),
         }
     }
 
@@ -72,6 +76,15 @@ impl WeightHub {
 
     pub fn subscribe(&self) -> watch::Receiver<Option<Arc<Published>>> {
         self.tx.subscribe()
+    }
+
+    /// Ends every subscriber stream (and refuses new ones).
+    pub fn close(&self) {
+        self.closed.send_replace(true);
+    }
+
+    pub fn closed(&self) -> watch::Receiver<bool> {
+        self.closed.subscribe()
     }
 }
 

@@ -218,7 +218,11 @@ pub fn read_state(dir: &Path) -> Result<CheckpointState, CheckpointError> {
     Ok(state)
 }
 
-fn read_verified(dir: &Path, state: &CheckpointState, name: &str) -> Result<Vec<u8>, CheckpointError> {
+fn read_verified(
+    dir: &Path,
+    state: &CheckpointState,
+    name: &str,
+) -> Result<Vec<u8>, CheckpointError> {
     let path = dir.join(name);
     let bytes = fs::read(&path).map_err(io(&path))?;
     let want = &state.files[name];
@@ -236,7 +240,10 @@ fn read_verified(dir: &Path, state: &CheckpointState, name: &str) -> Result<Vec<
     if crc != want.crc32 {
         return Err(invalid(
             dir,
-            format!("{name} fails its checksum ({crc:08x}, expected {:08x}): corrupt", want.crc32),
+            format!(
+                "{name} fails its checksum ({crc:08x}, expected {:08x}): corrupt",
+                want.crc32
+            ),
         ));
     }
     Ok(bytes)
@@ -244,7 +251,10 @@ fn read_verified(dir: &Path, state: &CheckpointState, name: &str) -> Result<Vec<
 
 /// The policy stored in a checkpoint, on `device` (for evaluation and
 /// export; no optimiser state).
-pub fn load_policy(dir: &Path, device: &Device) -> Result<(Policy, CheckpointState), CheckpointError> {
+pub fn load_policy(
+    dir: &Path,
+    device: &Device,
+) -> Result<(Policy, CheckpointState), CheckpointError> {
     let state = read_state(dir)?;
     read_verified(dir, &state, CONFIG_FILE)?;
     let config_path = dir.join(CONFIG_FILE);
@@ -252,7 +262,10 @@ pub fn load_policy(dir: &Path, device: &Device) -> Result<(Policy, CheckpointSta
         .map_err(|e| invalid(dir, format!("{CONFIG_FILE}: {e}")))?;
     let bytes = read_verified(dir, &state, MODEL_FILE)?;
     if bytes.len() < HEADER_LEN {
-        return Err(invalid(dir, format!("{MODEL_FILE} is shorter than its header")));
+        return Err(invalid(
+            dir,
+            format!("{MODEL_FILE} is shorter than its header"),
+        ));
     }
     let header = WeightsHeader::from_bytes(&bytes[..HEADER_LEN])
         .map_err(|e| invalid(dir, format!("{MODEL_FILE}: {e}")))?;
@@ -273,11 +286,12 @@ pub fn load(
 ) -> Result<(Trainer, CheckpointState), CheckpointError> {
     let (policy, state) = load_policy(dir, device)?;
     let optim = read_verified(dir, &state, OPTIM_FILE)?;
-    let mut trainer =
-        Trainer::new(cfg, policy, state.policy_version).map_err(|source| CheckpointError::Train {
+    let mut trainer = Trainer::new(cfg, policy, state.policy_version).map_err(|source| {
+        CheckpointError::Train {
             path: dir.to_path_buf(),
             source,
-        })?;
+        }
+    })?;
     trainer.optim = trainer
         .optim
         .clone()

@@ -19,6 +19,7 @@ pub mod rollouts;
 pub mod run;
 pub mod schedule;
 pub mod server;
+pub mod sft;
 pub mod stats;
 pub mod trainer;
 pub mod vcpo;

@@ -42,10 +42,23 @@ pub fn describe() {
     describe_gauge!(GRAD_NORM, "Global gradient norm before clipping");
     describe_gauge!(LR, "Learning rate applied by the latest step");
     describe_gauge!(REWARD_MEAN, "Mean reward of the latest batch");
-    describe_gauge!(EVAL_ACCURACY, "Held-out greedy accuracy at the latest evaluation");
-    describe_gauge!(TOKENS_PER_SECOND, Unit::CountPerSecond, "Trained tokens per second of step time");
-    describe_gauge!(CLIP_FRACTION, "Fraction of tokens clipped, by side (low, high, dual)");
-    describe_histogram!(BATCH_STALENESS, "Staleness of each trained sequence (versions)");
+    describe_gauge!(
+        EVAL_ACCURACY,
+        "Held-out greedy accuracy at the latest evaluation"
+    );
+    describe_gauge!(
+        TOKENS_PER_SECOND,
+        Unit::CountPerSecond,
+        "Trained tokens per second of step time"
+    );
+    describe_gauge!(
+        CLIP_FRACTION,
+        "Fraction of tokens clipped, by side (low, high, dual)"
+    );
+    describe_histogram!(
+        BATCH_STALENESS,
+        "Staleness of each trained sequence (versions)"
+    );
     describe_histogram!(STEP_SECONDS, Unit::Seconds, "Duration of an optimiser step");
     describe_counter!(IDLE_SECONDS, Unit::Seconds, "Time spent waiting for data");
     describe_gauge!(WEIGHT_SUBSCRIBERS, "Actors subscribed to the weight stream");
@@ -54,7 +67,10 @@ pub fn describe() {
         Unit::Seconds,
         "From publishing a version to its last chunk sent, per subscriber"
     );
-    describe_counter!(BAD_GROUPS, "Groups from the buffer that could not be trained on");
+    describe_counter!(
+        BAD_GROUPS,
+        "Groups from the buffer that could not be trained on"
+    );
 }
 
 /// Records a step's report.

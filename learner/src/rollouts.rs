@@ -129,6 +129,9 @@ mod tests {
             ..Default::default()
         };
         let e = TrainGroup::from_wire(&g).unwrap_err().to_string();
-        assert!(e.contains("rollout bad") && e.contains("2 response tokens"), "{e}");
+        assert!(
+            e.contains("rollout bad") && e.contains("2 response tokens"),
+            "{e}"
+        );
     }
 }

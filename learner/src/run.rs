@@ -18,15 +18,11 @@ use std::{
 
 use anyhow::Context;
 use bapo_policy::Policy;
-use bapo_proto::v1::{
-    SampleRequest, VersionReport, batch_source_client::BatchSourceClient,
-};
+use bapo_proto::v1::{SampleRequest, VersionReport, batch_source_client::BatchSourceClient};
 use metrics::counter;
 use tonic::{Code, transport::Channel};
 
-use crate::{
-    Trainer, broadcast::WeightHub, checkpoint, metrics as names, rollouts::TrainGroup,
-};
+use crate::{Trainer, broadcast::WeightHub, checkpoint, metrics as names, rollouts::TrainGroup};
 
 /// Scores a policy on held-out problems: `(metric name, value)` pairs, the
 /// first being the headline accuracy.
@@ -100,7 +96,9 @@ pub async fn run(
     }
 
     loop {
-        let t = trainer.as_ref().expect("trainer is returned after each step");
+        let t = trainer
+            .as_ref()
+            .expect("trainer is returned after each step");
         if cfg.steps > 0 && t.steps_done() >= cfg.steps {
             break;
         }
@@ -171,11 +169,20 @@ pub async fn run(
         tracing::info!(
             step = report.step,
             loss = report.loss,
-            reward = report.metrics.get("reward_mean").copied().unwrap_or(f64::NAN),
+            reward = report
+                .metrics
+                .get("reward_mean")
+                .copied()
+                .unwrap_or(f64::NAN),
             "step"
         );
         if cfg.checkpoint_every > 0 && report.step % cfg.checkpoint_every == 0 {
-            save(trainer.as_ref().expect("present"), &ckpt_dir, cursor, cfg.keep_checkpoints)?;
+            save(
+                trainer.as_ref().expect("present"),
+                &ckpt_dir,
+                cursor,
+                cfg.keep_checkpoints,
+            )?;
         }
     }
 
@@ -209,7 +216,10 @@ async fn sample(
         Ok(b) => Some(b.into_inner().groups),
         Err(s) if s.code() == Code::DeadlineExceeded => None,
         Err(s) => {
-            tracing::warn!("sampling from the buffer failed ({}); retrying", s.message());
+            tracing::warn!(
+                "sampling from the buffer failed ({}); retrying",
+                s.message()
+            );
             tokio::time::sleep(Duration::from_millis(500)).await;
             None
         }
@@ -228,7 +238,11 @@ async fn report_version(
         match client.report_version(VersionReport { version }).await {
             Ok(_) => return Ok(()),
             Err(s) => {
-                tracing::warn!(version, "reporting the version failed ({}); retrying", s.message());
+                tracing::warn!(
+                    version,
+                    "reporting the version failed ({}); retrying",
+                    s.message()
+                );
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = shutdown.as_mut() => anyhow::bail!("shut down before the buffer took version {version}"),

@@ -6,7 +6,8 @@ use std::{future::Future, pin::Pin, time::Duration};
 use bapo_proto::{
     FILE_DESCRIPTOR_SET,
     v1::{
-        SubscribeRequest, WeightMessage, WeightUpdate, weight_message::Kind,
+        SubscribeRequest, WeightMessage, WeightUpdate,
+        weight_message::Kind,
         weight_source_server::{WeightSource, WeightSourceServer},
     },
 };
@@ -60,6 +61,10 @@ impl WeightSource for WeightSourceService {
         let req = request.into_inner();
         let mut have = (req.have_version > 0).then_some(req.have_version);
         let mut rx = self.hub.subscribe();
+        let mut closed = self.hub.closed();
+        if *closed.borrow() {
+            return Err(Status::unavailable("the learner is shutting down"));
+        }
         // A few messages of slack; beyond that the stream task waits for
         // this subscriber alone.
         let (tx, out) = mpsc::channel(4);
@@ -103,6 +108,7 @@ impl WeightSource for WeightSourceService {
                 tokio::select! {
                     changed = rx.changed() => if changed.is_err() { break },
                     _ = tx.closed() => break,
+                    _ = closed.wait_for(|c| *c) => break,
                 }
             }
             tracing::info!(%actor, "weight subscriber left");

@@ -45,7 +45,11 @@ pub enum TrainError {
         max: usize,
     },
     #[error("token id {id} in group {group} is outside the vocabulary ({vocab})")]
-    BadToken { group: String, id: u32, vocab: usize },
+    BadToken {
+        group: String,
+        id: u32,
+        vocab: usize,
+    },
     #[error("the batch holds no sequence to train on")]
     Empty,
 }
@@ -78,6 +82,9 @@ pub struct Backward {
     pub seq_log_weights: Vec<f64>,
     pub metrics: BTreeMap<String, f64>,
 }
+
+/// Rows, the token batch without current log-probs, and data metrics.
+type Layout = (Vec<Row>, TokenBatch, BTreeMap<String, f64>);
 
 /// One trained sequence laid out for the model.
 struct Row {
@@ -294,16 +301,12 @@ impl Trainer {
     fn layout(
         &self,
         groups: &[TrainGroup],
-    ) -> Result<(Vec<Row>, TokenBatch, BTreeMap<String, f64>), TrainError> {
+    ) -> Result<Layout, TrainError> {
         let rewards: Vec<Vec<f64>> = groups
             .iter()
             .map(|g| g.sequences.iter().map(|s| s.reward as f64).collect())
             .collect();
-        let adv = batch_advantages(
-            &rewards,
-            self.cfg.advantage,
-            self.cfg.filter_zero_variance,
-        );
+        let adv = batch_advantages(&rewards, self.cfg.advantage, self.cfg.filter_zero_variance);
         let max = self.model_config.max_position_embeddings;
         let vocab = self.model_config.vocab_size;
         let mut rows = Vec::new();
@@ -331,7 +334,12 @@ impl Trainer {
                         max,
                     });
                 }
-                if let Some(&id) = s.prompt.iter().chain(&s.response).find(|&&t| t as usize >= vocab) {
+                if let Some(&id) = s
+                    .prompt
+                    .iter()
+                    .chain(&s.response)
+                    .find(|&&t| t as usize >= vocab)
+                {
                     return Err(TrainError::BadToken {
                         group: g.group_id.clone(),
                         id,
@@ -387,7 +395,10 @@ impl Trainer {
         lp: Vec<f64>,
     ) -> Result<(LossOutput, TokenBatch), TrainError> {
         let lp: Vec<f64> = lp.into_iter().map(|x| x.min(0.0)).collect();
-        let behav = skel.logp_behav.clone().expect("layout sets behaviour log-probs");
+        let behav = skel
+            .logp_behav
+            .clone()
+            .expect("layout sets behaviour log-probs");
         let (old, behav) = match self.cfg.proximal {
             Proximal::Behavior => (behav, None),
             Proximal::Recompute => (lp.clone(), Some(behav)),

@@ -26,7 +26,10 @@ fn resume_continues_exactly_like_an_uninterrupted_run() {
     let found = checkpoint::latest(dir.path()).unwrap().unwrap();
     assert_eq!(found, saved);
     let (mut resumed, state) = checkpoint::load(&found, cfg, &Device::flex()).unwrap();
-    assert_eq!((state.step, state.policy_version, state.data_cursor), (1, 1, 41));
+    assert_eq!(
+        (state.step, state.policy_version, state.data_cursor),
+        (1, 1, 41)
+    );
     resumed.step(&batches[1]).unwrap();
     let got = resumed.step(&batches[2]).unwrap();
     assert_eq!(got.version, want.version);

@@ -49,7 +49,11 @@ fn bapo_reports_its_bounds_and_the_step_metrics() {
         "clip_frac_low",
         "ratio_mean",
     ] {
-        assert!(r.metrics.contains_key(key), "missing {key}: {:?}", r.metrics);
+        assert!(
+            r.metrics.contains_key(key),
+            "missing {key}: {:?}",
+            r.metrics
+        );
     }
     assert_eq!(r.metrics["staleness_max"], 4.0);
     assert_eq!(r.metrics["reward_mean"], 0.5);
@@ -73,7 +77,10 @@ fn gradients_match_finite_differences_through_the_model() {
     let gamma = &t.model().norm.gamma;
     let n = gamma.val().dims()[0];
     let d = direction(n, &gamma.val().device());
-    let g = back.grads.get::<1>(gamma.id).expect("gradient of the final norm");
+    let g = back
+        .grads
+        .get::<1>(gamma.id)
+        .expect("gradient of the final norm");
     let analytic = g.mul(d.clone()).sum().into_scalar::<f32>() as f64;
 
     let loss_at = |eps: f32| {

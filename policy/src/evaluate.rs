@@ -24,7 +24,10 @@ pub struct EvalResult {
 
 /// The text a response stands for: its tokens up to a stop token.
 pub fn completion(tokenizer: &TextTokenizer, tokens: &[u32], stop: &[u32]) -> String {
-    let end = tokens.iter().position(|t| stop.contains(t)).unwrap_or(tokens.len());
+    let end = tokens
+        .iter()
+        .position(|t| stop.contains(t))
+        .unwrap_or(tokens.len());
     tokenizer.decode(&tokens[..end]).unwrap_or_default()
 }
 

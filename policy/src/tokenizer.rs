@@ -51,6 +51,7 @@ pub fn char_level_json() -> String {
     .to_string()
 }
 
+#[derive(Clone)]
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
     path: String,

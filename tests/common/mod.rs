@@ -22,7 +22,12 @@ pub struct TestBuffer {
 
 impl TestBuffer {
     pub async fn start(cfg: BufferConfig) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_at(cfg, "127.0.0.1:0".parse().unwrap()).await
+    }
+
+    /// On a given address (a restarted buffer on its old port).
+    pub async fn start_at(cfg: BufferConfig, addr: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let buffer = Buffer::open(cfg).unwrap();
         let (tx, rx) = oneshot::channel();

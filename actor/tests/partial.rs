@@ -1,0 +1,104 @@
+//! Partial rollouts: new weights mid-generation. One response's tokens
+//! carry two versions, and each recorded log-prob is the one the weights
+//! that produced the token assign (recomputed from scratch here).
+
+use std::sync::{Arc, atomic::AtomicBool};
+
+use bapo_actor::{
+    UpdateMode,
+    rollout::{Outcome, generate},
+    subscription::Versioned,
+};
+use bapo_policy::{ModelConfig, Policy, SamplingParams, burn::prelude::*};
+
+fn policy(seed: u64) -> Policy {
+    let device = Device::flex();
+    device.seed(seed);
+    Policy::init(ModelConfig::preset("tiny").unwrap(), &device)
+}
+
+/// Log-prob of every response token under `p`, in one full forward pass.
+fn recomputed(p: &Policy, prompt: &[u32], response: &[u32]) -> Vec<f32> {
+    let row: Vec<u32> = prompt.iter().chain(response).copied().collect();
+    let (lp, _) = p.token_logprobs(Policy::tokens(&[row], &p.device()), 1.0);
+    let lp: Vec<f32> = lp.into_data().convert::<f32>().try_into_vec().unwrap();
+    lp[prompt.len() - 1..].to_vec()
+}
+
+fn run(
+    mode: UpdateMode,
+    switch_at: usize,
+) -> (Vec<bapo_policy::Response>, Arc<Versioned>, Arc<Versioned>) {
+    let v1 = Arc::new(Versioned {
+        version: 1,
+        policy: policy(1),
+    });
+    let v2 = Arc::new(Versioned {
+        version: 2,
+        policy: policy(2),
+    });
+    let params = SamplingParams {
+        temperature: 1.0,
+        max_new_tokens: 10,
+        seed: 7,
+        ..Default::default()
+    };
+    let mut calls = 0;
+    let next = v2.clone();
+    let mut updates = move || {
+        calls += 1;
+        (calls == switch_at + 1).then(|| next.clone())
+    };
+    let out = generate(
+        v1.clone(),
+        &mut updates,
+        &[5, 6, 7],
+        3,
+        &params,
+        mode,
+        &AtomicBool::new(false),
+    );
+    let Outcome::Done(responses) = out else {
+        panic!("not aborted")
+    };
+    (responses, v1, v2)
+}
+
+#[test]
+fn partial_mode_records_each_tokens_version_and_its_log_prob() {
+    let switch_at = 4;
+    let (responses, v1, v2) = run(UpdateMode::Partial, switch_at);
+    for r in &responses {
+        assert_eq!(r.tokens.len(), 10);
+        assert_eq!(&r.versions[..switch_at], &[1; 4]);
+        assert!(
+            r.versions[switch_at..].iter().all(|&v| v == 2),
+            "{:?}",
+            r.versions
+        );
+        let old = recomputed(&v1.policy, &[5, 6, 7], &r.tokens);
+        let new = recomputed(&v2.policy, &[5, 6, 7], &r.tokens);
+        for (t, &lp) in r.logprobs.iter().enumerate() {
+            let want = if t < switch_at { old[t] } else { new[t] };
+            assert!(
+                (lp - want).abs() < 1e-4,
+                "token {t} (v{}): recorded {lp}, weights that produced it say {want}",
+                r.versions[t]
+            );
+        }
+        // The two policies really differ on these tokens.
+        assert!((old[switch_at] - new[switch_at]).abs() > 1e-3);
+    }
+}
+
+#[test]
+fn restart_mode_regenerates_with_the_new_weights_only() {
+    let (responses, _, v2) = run(UpdateMode::Restart, 4);
+    for r in &responses {
+        assert!(r.versions.iter().all(|&v| v == 2), "{:?}", r.versions);
+        let want = recomputed(&v2.policy, &[5, 6, 7], &r.tokens);
+        for (lp, w) in r.logprobs.iter().zip(&want) {
+            assert!((lp - w).abs() < 1e-4);
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Supervised warm-up: next-token cross-entropy on a task's worked
+//! solutions (`prompt → solution <eos>`, loss on the solution and the stop
+//! token only), so RL starts from a partly competent policy.
+
+use std::time::Instant;
+
+use bapo_policy::{
+    Policy,
+    burn::{
+        module::Module,
+        optim::{AdamWConfig, GradientsParams},
+        prelude::*,
+    },
+    logprob::{shift_for_next_token, token_logprobs},
+    rope::Rope,
+    tasks::Task,
+    tokenizer::TextTokenizer,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    grads::clip_global_norm,
+    schedule::{Decay, LrSchedule},
+};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SftConfig {
+    pub steps: u64,
+    /// Sequences per step.
+    pub batch: usize,
+    pub lr: f64,
+    pub warmup_steps: u64,
+    pub weight_decay: f64,
+    pub max_grad_norm: f64,
+    /// First training-problem index; RL draws its own at random.
+    pub first_problem: u64,
+}
+
+impl Default for SftConfig {
+    fn default() -> Self {
+        Self {
+            steps: 300,
+            batch: 64,
+            lr: 3e-3,
+            warmup_steps: 20,
+            weight_decay: 0.01,
+            max_grad_norm: 1.0,
+            first_problem: 1 << 40,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct SftStep {
+    pub step: u64,
+    /// Mean negative log-likelihood per supervised token.
+    pub nll: f64,
+    pub tokens_per_s: f64,
+}
+
+/// Trains `policy` on `task`'s solutions; `on_step` sees every step.
+pub fn sft(
+    policy: Policy,
+    tokenizer: &TextTokenizer,
+    task: &dyn Task,
+    stop: u32,
+    cfg: &SftConfig,
+    mut on_step: impl FnMut(SftStep),
+) -> anyhow::Result<Policy> {
+    let plain = policy.device();
+    let device = plain.clone().autodiff();
+    let config = policy.config.clone();
+    let rope = Rope::new(
+        config.head_dim(),
+        config.rope_theta(),
+        config.max_position_embeddings,
+        &device,
+    );
+    let mut model = policy.model.to_device(&device).train();
+    let mut optim = AdamWConfig::new()
+        .with_weight_decay(cfg.weight_decay as f32)
+        .init();
+    let schedule = LrSchedule {
+        lr: cfg.lr,
+        warmup_steps: cfg.warmup_steps,
+        decay: Decay::Cosine,
+        decay_steps: cfg.steps.saturating_sub(cfg.warmup_steps),
+        min_lr_ratio: 0.1,
+    };
+    let mut next = cfg.first_problem;
+    for step in 0..cfg.steps {
+        let t0 = Instant::now();
+        let mut rows = Vec::with_capacity(cfg.batch);
+        while rows.len() < cfg.batch {
+            let p = task.train_problem(next);
+            next += 1;
+            let prompt = tokenizer.encode(&p.prompt)?;
+            let mut answer = tokenizer.encode(&p.solution)?;
+            answer.push(stop);
+            let len = prompt.len() + answer.len();
+            if prompt.is_empty() || len > config.max_position_embeddings {
+                continue;
+            }
+            rows.push((prompt, answer));
+        }
+        let t = rows
+            .iter()
+            .map(|(p, a)| p.len() + a.len())
+            .max()
+            .unwrap_or(2);
+        let mut ids = Vec::with_capacity(rows.len() * t);
+        let mut weights = vec![0.0f32; rows.len() * (t - 1)];
+        let n_sup: usize = rows.iter().map(|(_, a)| a.len()).sum();
+        for (i, (p, a)) in rows.iter().enumerate() {
+            let start = i * t;
+            ids.extend(p.iter().chain(a).map(|&x| x as i64));
+            ids.resize(start + t, 0);
+            for j in 0..a.len() {
+                weights[i * (t - 1) + p.len() - 1 + j] = 1.0 / n_sup as f32;
+            }
+        }
+        let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [rows.len(), t]), &device);
+        let w = Tensor::<2>::from_data(TensorData::new(weights, [rows.len(), t - 1]), &device);
+        let logits = model.forward(tokens.clone(), &rope, None);
+        let (logits, targets) = shift_for_next_token(logits, tokens);
+        let nll = token_logprobs(logits, targets, 1.0).mul(w).sum().neg();
+        let nll_value = nll.clone().into_scalar::<f32>() as f64;
+        let mut grads = GradientsParams::from_grads(nll.backward(), &model);
+        clip_global_norm(&model, &mut grads, cfg.max_grad_norm);
+        model = optim.step(schedule.at(step), model, grads);
+        on_step(SftStep {
+            step: step + 1,
+            nll: nll_value,
+            tokens_per_s: (rows.len() * t) as f64 / t0.elapsed().as_secs_f64(),
+        });
+    }
+    Ok(Policy::with_model(config, model.valid(), &plain))
+}

@@ -1,0 +1,308 @@
+//! The learner, an actor and the buffer as real gRPC services on loopback:
+//! versions advance, weights reach the actor, everything the actor pushes
+//! is accepted, and a buffer restart costs no finished group.
+
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use bapo_actor::{
+    ActorConfig, ActorOptions,
+    subscription::{self, Assembly},
+};
+use bapo_buffer::BufferConfig;
+use bapo_learner::{
+    LearnerConfig, Trainer, broadcast::WeightHub, checkpoint, run::RunOptions, server,
+};
+use bapo_policy::{
+    ModelConfig, Policy, SamplingParams,
+    burn::prelude::*,
+    tasks::{self, TaskSpec},
+    tokenizer::TextTokenizer,
+};
+use bapo_proto::{
+    packed,
+    v1::{SampleRequest, StatsRequest, WeightUpdate},
+};
+use common::TestBuffer;
+use tokio::sync::{oneshot, watch};
+
+fn tiny(seed: u64) -> Policy {
+    let device = Device::flex();
+    device.seed(seed);
+    Policy::init(ModelConfig::preset("tiny").unwrap(), &device)
+}
+
+fn logits(p: &Policy) -> Vec<f32> {
+    let t = Policy::tokens(&[vec![4, 5, 6]], &p.device());
+    p.model
+        .forward(t, &p.rope, None)
+        .into_data()
+        .try_into_vec()
+        .unwrap()
+}
+
+fn actor_config(k: usize) -> ActorConfig {
+    ActorConfig {
+        group_size: k,
+        concurrency: 1,
+        sampling: SamplingParams {
+            temperature: 1.0,
+            max_new_tokens: 6,
+            ..Default::default()
+        },
+        shutdown_grace_s: 1.0,
+        ..Default::default()
+    }
+}
+
+async fn weight_server(hub: WeightHub) -> (String, oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    tokio::spawn(server::serve(hub, listener, async {
+        let _ = rx.await;
+    }));
+    (format!("http://{addr}"), tx)
+}
+
+fn start_actor(
+    cfg: ActorConfig,
+    buffer: String,
+    learner: String,
+) -> (
+    tokio::task::JoinHandle<anyhow::Result<bapo_actor::ActorSummary>>,
+    oneshot::Sender<()>,
+) {
+    let task = Arc::from(tasks::build(&TaskSpec::default()).unwrap());
+    let (stop, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(bapo_actor::run(
+        cfg,
+        task,
+        Arc::new(TextTokenizer::char_level()),
+        ActorOptions {
+            buffer,
+            learner,
+            actor_id: "test-actor".into(),
+            device: Device::flex(),
+        },
+        async {
+            let _ = rx.await;
+        },
+    ));
+    (handle, stop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn learner_advances_and_the_actor_follows_its_weights() {
+    let buffer = TestBuffer::start(BufferConfig {
+        group_size: 4,
+        batch_groups: 2,
+        max_staleness: 2,
+        ..Default::default()
+    })
+    .await;
+    let buffer_url = format!("http://{}", buffer.addr);
+    let hub = WeightHub::new();
+    let (learner_url, _stop_server) = weight_server(hub.clone()).await;
+    let out = tempfile::tempdir().unwrap();
+    let cfg = LearnerConfig {
+        batch_groups: 2,
+        steps: 3,
+        lr: 1e-3,
+        eval_every: 0,
+        checkpoint_every: 0,
+        ..Default::default()
+    };
+    let trainer = Trainer::new(cfg, tiny(1), 0).unwrap();
+    let learner = tokio::spawn(bapo_learner::run::run(
+        trainer,
+        hub.clone(),
+        RunOptions {
+            buffer: buffer_url.clone(),
+            out: out.path().to_path_buf(),
+            data_cursor: 0,
+            eval: None,
+            export_final: false,
+        },
+        std::future::pending(),
+    ));
+    let (actor, stop_actor) = start_actor(actor_config(4), buffer_url, learner_url.clone());
+
+    let summary = tokio::time::timeout(Duration::from_secs(120), learner)
+        .await
+        .expect("the learner finishes its steps")
+        .unwrap()
+        .unwrap();
+    assert_eq!((summary.steps, summary.version), (3, 3));
+
+    // The buffer saw version 3, and refused nothing the actor sent.
+    let mut source = buffer.source().await;
+    let stats = source
+        .get_stats(StatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.learner_version, 3);
+    assert_eq!(stats.rollouts_rejected, 0, "{stats:?}");
+    assert_eq!(stats.group_samples, 6);
+
+    // Groups made after the first broadcast carry newer versions: the
+    // actor applied the learner's weights.
+    let batch = source
+        .sample(SampleRequest {
+            num_groups: 6,
+            timeout_ms: 60_000,
+            allow_partial: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let newest = batch
+        .groups
+        .iter()
+        .flat_map(|g| &g.rollouts)
+        .flat_map(|r| packed::u32s(&r.token_versions))
+        .max()
+        .unwrap_or(0);
+    assert!(newest >= 1, "no token from a broadcast version");
+    stop_actor.send(()).unwrap();
+    let a = tokio::time::timeout(Duration::from_secs(30), actor)
+        .await
+        .expect("the actor stops after its grace period")
+        .unwrap()
+        .unwrap();
+    assert!(a.groups >= 6, "{a:?}");
+
+    // A late subscriber gets the newest weights at once, equal to the
+    // final checkpoint's.
+    let (cell_tx, mut cell_rx) = watch::channel(None);
+    let (_stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(subscription::follow(
+        learner_url,
+        "late".into(),
+        Device::flex(),
+        cell_tx,
+        stop_rx,
+    ));
+    let got = tokio::time::timeout(Duration::from_secs(30), cell_rx.wait_for(|c| c.is_some()))
+        .await
+        .unwrap()
+        .unwrap()
+        .clone()
+        .unwrap();
+    assert_eq!(got.version, 3);
+    let ckpt = checkpoint::latest(&out.path().join("checkpoints"))
+        .unwrap()
+        .unwrap();
+    let (saved, _) = checkpoint::load_policy(&ckpt, &Device::flex()).unwrap();
+    assert_eq!(logits(&got.policy), logits(&saved));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_subscribers_skip_to_the_newest_and_corrupt_weights_are_refused() {
+    let hub = WeightHub::new();
+    let p = tiny(3);
+    // Publishing never waits for anyone: no subscriber reads here.
+    let (url, _stop) = weight_server(hub.clone()).await;
+    let mut stalled =
+        bapo_proto::v1::weight_source_client::WeightSourceClient::connect(url.clone())
+            .await
+            .unwrap();
+    let _held = stalled
+        .subscribe(bapo_proto::v1::SubscribeRequest::default())
+        .await
+        .unwrap();
+    for v in 1..=5 {
+        hub.publish(&p.model, &p.config, v).unwrap();
+    }
+    let (cell_tx, mut cell_rx) = watch::channel(None);
+    let (_s, stop_rx) = watch::channel(false);
+    tokio::spawn(subscription::follow(
+        url,
+        "late".into(),
+        Device::flex(),
+        cell_tx,
+        stop_rx,
+    ));
+    let first = cell_rx
+        .wait_for(|c| c.is_some())
+        .await
+        .unwrap()
+        .clone()
+        .unwrap();
+    assert_eq!(first.version, 5, "a late subscriber starts at the newest");
+
+    // A flipped payload byte fails the checksum, by name.
+    let published = hub.latest().unwrap();
+    let mut a = Assembly::new(WeightUpdate {
+        version: 5,
+        header: published.header.clone(),
+        payload_len: published.payload.len() as u64,
+        chunks: 1,
+        model_config_json: published.config_json.clone(),
+    });
+    let mut bytes = published.payload.to_vec();
+    bytes[100] ^= 1;
+    assert!(a.push(&bytes).unwrap());
+    let e = a.finish(&Device::flex()).err().unwrap().to_string();
+    assert!(e.contains("v5") && e.contains("checksum"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_buffer_restart_costs_no_finished_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = BufferConfig {
+        group_size: 4,
+        batch_groups: 4,
+        max_staleness: 8,
+        data_dir: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    };
+    let buffer = TestBuffer::start(cfg.clone()).await;
+    let addr = buffer.addr;
+    let hub = WeightHub::new();
+    let p = tiny(4);
+    hub.publish(&p.model, &p.config, 0).unwrap();
+    let (learner_url, _s) = weight_server(hub).await;
+    let mut acfg = actor_config(4);
+    acfg.max_groups = 12;
+    acfg.shutdown_grace_s = 30.0;
+    let (actor, stop_actor) = start_actor(acfg, format!("http://{addr}"), learner_url);
+
+    // Let some groups land, then take the buffer away for a while.
+    let mut source = buffer.source().await;
+    loop {
+        let s = source
+            .get_stats(StatsRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        if s.rollouts_accepted >= 8 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    buffer.stop().await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let buffer = TestBuffer::start_at(cfg, addr).await;
+
+    let a = tokio::time::timeout(Duration::from_secs(120), actor)
+        .await
+        .expect("the actor finishes its groups")
+        .unwrap()
+        .unwrap();
+    drop(stop_actor);
+    assert_eq!(a.groups, 12);
+    let mut source = buffer.source().await;
+    let s = source
+        .get_stats(StatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        s.groups_ready, 12,
+        "every group the actor finished is in the restarted buffer: {s:?}"
+    );
+    assert_eq!(s.rollouts_rejected, 0);
+}
