@@ -3,6 +3,7 @@
 mod bench;
 mod commands;
 mod config_file;
+mod report;
 mod telemetry;
 
 use clap::{Parser, Subcommand};
@@ -26,8 +27,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The whole loop on this machine: warm start, buffer, learner and
+    /// actors over loopback gRPC, then an evaluation and a report.
+    Run(commands::run::RunArgs),
     /// Run the staleness-tracking rollout buffer service.
     Buffer(commands::buffer::BufferArgs),
+    /// Run the learner: train from the buffer, broadcast weights.
+    Learner(commands::learner::LearnerArgs),
+    /// Run an actor: generate scored groups with the learner's weights.
+    Actor(commands::actor::ActorArgs),
+    /// Supervised warm start on a task's worked solutions.
+    Sft(commands::sft::SftArgs),
+    /// Held-out accuracy of a model (greedy and pass@k).
+    Eval(commands::eval::EvalArgs),
     /// One policy loss on a JSON batch: loss, gradient and metrics as JSON.
     Loss(commands::loss::LossArgs),
     /// Benchmarks of the hot paths, each beside a reference.
@@ -40,6 +52,17 @@ fn main() -> anyhow::Result<()> {
         // A pure computation: no runtime, and stdout holds only its JSON.
         Command::Loss(args) => commands::loss::run(args),
         Command::Buffer(args) => run_async(commands::buffer::run(args)),
+        Command::Learner(args) => run_async(commands::learner::run(args)),
+        Command::Actor(args) => run_async(commands::actor::run(args)),
+        Command::Run(args) => run_async(commands::run::run(args)),
+        Command::Sft(args) => {
+            telemetry::init_logging("info");
+            commands::sft::run(args)
+        }
+        Command::Eval(args) => {
+            telemetry::init_logging("warn");
+            commands::eval::run(args)
+        }
         Command::Bench(b) => run_async(bench::run(b)),
     }
 }

@@ -1,4 +1,10 @@
 //! One module per `bapo` subcommand.
 
+pub mod actor;
 pub mod buffer;
+pub mod common;
+pub mod eval;
+pub mod learner;
 pub mod loss;
+pub mod run;
+pub mod sft;

@@ -1,0 +1,90 @@
+//! What several commands share: the device, stop tokens, the evaluation
+//! hook and the loading of a model from a directory of any kind.
+
+use std::{path::Path, sync::Arc};
+
+use anyhow::Context;
+use bapo_learner::{checkpoint, run::EvalFn};
+use bapo_policy::{
+    ModelSpec, Policy,
+    burn::prelude::*,
+    evaluate::evaluate,
+    tasks::{self, Task, TaskSpec},
+    tokenizer::TextTokenizer,
+};
+
+/// The compute device: the first GPU in a `cuda` build, else the CPU.
+pub fn device() -> Device {
+    #[cfg(feature = "cuda")]
+    {
+        Device::cuda(0)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Device::flex()
+    }
+}
+
+pub fn stop_tokens(tokenizer: &TextTokenizer, names: &[String]) -> anyhow::Result<Vec<u32>> {
+    let ids: Vec<u32> = names.iter().filter_map(|s| tokenizer.token_id(s)).collect();
+    anyhow::ensure!(
+        !ids.is_empty(),
+        "none of the stop tokens {names:?} is in the tokenizer"
+    );
+    Ok(ids)
+}
+
+pub fn task(spec: &TaskSpec) -> anyhow::Result<Arc<dyn Task>> {
+    Ok(Arc::from(tasks::build(spec).with_context(|| {
+        format!("building task {:?}", spec.name)
+    })?))
+}
+
+/// Greedy held-out accuracy as the learner's periodic evaluation.
+pub fn eval_hook(
+    task: Arc<dyn Task>,
+    tokenizer: TextTokenizer,
+    stop: Vec<u32>,
+    problems: usize,
+    max_new_tokens: usize,
+) -> EvalFn {
+    let problems = task.eval_problems(problems);
+    Arc::new(move |p: &Policy| {
+        let r = evaluate(p, &tokenizer, &*task, &problems, max_new_tokens, &stop, 1);
+        vec![
+            ("eval_accuracy".to_string(), r.greedy_accuracy),
+            ("eval_reward".to_string(), r.mean_reward),
+        ]
+    })
+}
+
+/// A model from `dir`: a learner checkpoint (`state.json`), a run
+/// directory (its `final/` or newest checkpoint), or a HF directory.
+pub fn load_model_dir(dir: &Path, device: &Device) -> anyhow::Result<(Policy, TextTokenizer)> {
+    if dir.join(checkpoint::STATE_FILE).exists() {
+        let (policy, _) = checkpoint::load_policy(dir, device)?;
+        let tokenizer = ModelSpec::default().tokenizer()?;
+        let tokenizer = match dir
+            .parent()
+            .and_then(Path::parent)
+            .map(|r| r.join("tokenizer.json"))
+        {
+            Some(p) if p.exists() => TextTokenizer::from_file(&p)?,
+            _ => tokenizer,
+        };
+        return Ok((policy, tokenizer));
+    }
+    if dir.join("config.json").exists() {
+        return Ok(ModelSpec::from_dir(dir.to_path_buf()).load(device)?);
+    }
+    if dir.join("final").join("config.json").exists() {
+        return load_model_dir(&dir.join("final"), device);
+    }
+    if let Some(latest) = checkpoint::latest(&dir.join("checkpoints"))? {
+        return load_model_dir(&latest, device);
+    }
+    anyhow::bail!(
+        "{} is neither a HF model directory, a learner checkpoint nor a run directory",
+        dir.display()
+    )
+}

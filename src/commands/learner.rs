@@ -1,0 +1,140 @@
+//! `bapo learner`: train from the buffer and broadcast weights.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use anyhow::Context;
+use bapo_learner::{Trainer, broadcast::WeightHub, checkpoint, run::RunOptions, server};
+use bapo_policy::ModelSpec;
+use clap::Args;
+use tokio::sync::watch;
+
+use super::common;
+use crate::{config_file::ConfigFile, telemetry};
+
+#[derive(Debug, Args)]
+pub struct LearnerArgs {
+    /// TOML config file (its `[learner]`, `[model]`, `[task]` tables).
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// The buffer service.
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    pub buffer: String,
+    /// gRPC address of the weight stream.
+    #[arg(long, default_value = "127.0.0.1:50052")]
+    pub listen: SocketAddr,
+    /// Prometheus /metrics listen address.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Run directory: checkpoints/, metrics.jsonl, final/.
+    #[arg(long, default_value = "bapo-learner")]
+    pub out: PathBuf,
+    /// Continue from the newest checkpoint in --out, if there is one.
+    #[arg(long)]
+    pub resume: bool,
+    /// Start from this HF model directory instead of `[model]`.
+    #[arg(long)]
+    pub init: Option<PathBuf>,
+    #[arg(long)]
+    pub steps: Option<u64>,
+    #[arg(long)]
+    pub algo: Option<String>,
+    /// Export the final weights in HF format to --out/final.
+    #[arg(long)]
+    pub export_final: bool,
+}
+
+pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
+    let mut cfg = ConfigFile::load(args.config.as_deref())?;
+    if let Some(s) = args.steps {
+        cfg.learner.steps = s;
+    }
+    if let Some(a) = &args.algo {
+        cfg.learner.algo = a.clone();
+    }
+    if let Some(dir) = &args.init {
+        cfg.model = ModelSpec::from_dir(dir.clone());
+    }
+    cfg.learner.validate()?;
+    if let Some(addr) = args.metrics_listen {
+        telemetry::serve_metrics(addr)?;
+    }
+    let device = common::device();
+    let (policy, tokenizer) = cfg.model.load(&device)?;
+    let ckpt_dir = args.out.join("checkpoints");
+    let (trainer, cursor) = match args
+        .resume
+        .then(|| checkpoint::latest(&ckpt_dir))
+        .transpose()?
+        .flatten()
+    {
+        Some(dir) => {
+            let (t, state) = checkpoint::load(&dir, cfg.learner.clone(), &device)
+                .with_context(|| format!("resuming from {}", dir.display()))?;
+            tracing::info!(
+                step = state.step,
+                version = state.policy_version,
+                "resumed from {}",
+                dir.display()
+            );
+            (t, state.data_cursor)
+        }
+        None => (Trainer::new(cfg.learner.clone(), policy, 0)?, 0),
+    };
+    std::fs::create_dir_all(&args.out)?;
+    tokenizer
+        .save(&args.out.join("tokenizer.json"))
+        .context("saving the tokenizer next to the checkpoints")?;
+    let stop = common::stop_tokens(&tokenizer, &cfg.actor.stop)?;
+    let eval = (cfg.learner.eval_every > 0).then(|| {
+        common::task(&cfg.task).map(|task| {
+            common::eval_hook(
+                task,
+                tokenizer.clone(),
+                stop.clone(),
+                cfg.learner.eval_problems,
+                cfg.learner.eval_max_new_tokens,
+            )
+        })
+    });
+    let eval = eval.transpose()?;
+
+    let hub = WeightHub::new();
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding the learner's gRPC address {}", args.listen))?;
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let server = tokio::spawn(server::serve(hub.clone(), listener, async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    let summary = bapo_learner::run::run(
+        trainer,
+        hub.clone(),
+        RunOptions {
+            buffer: args.buffer.clone(),
+            out: args.out.clone(),
+            data_cursor: cursor,
+            eval,
+            export_final: args.export_final,
+        },
+        telemetry::shutdown_signal(),
+    )
+    .await;
+    hub.close();
+    let _ = stop_tx.send(true);
+    let _ = server.await;
+    let summary = summary?;
+    if args.export_final {
+        tokenizer.save(&args.out.join("final").join("tokenizer.json"))?;
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "steps": summary.steps,
+            "version": summary.version,
+            "wall_s": summary.wall_s,
+            "idle_s": summary.idle_s,
+            "last_eval_accuracy": summary.last_eval,
+        })
+    );
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! `bapo sft`: the supervised warm start, as its own command (and the first
+//! phase of `bapo run`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use bapo_learner::sft::{SftStep, sft};
+use bapo_policy::{evaluate::evaluate, hf};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use super::common;
+use crate::config_file::ConfigFile;
+
+#[derive(Debug, Args, Default)]
+pub struct SftArgs {
+    /// TOML config file (its `[sft]`, `[model]`, `[task]` tables).
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// Where the HF-format model goes.
+    #[arg(long, default_value = "bapo-sft")]
+    pub out: PathBuf,
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Held-out problems scored before and after.
+    #[arg(long, default_value_t = 200)]
+    pub eval_problems: usize,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SftSummary {
+    pub steps: u64,
+    pub final_nll: f64,
+    pub accuracy_before: f64,
+    pub accuracy_after: f64,
+    pub seconds: f64,
+    pub out: PathBuf,
+}
+
+pub fn run(args: SftArgs) -> anyhow::Result<()> {
+    let mut cfg = ConfigFile::load_or_builtin(args.config.as_deref())?;
+    if let Some(s) = args.steps {
+        cfg.sft.steps = s;
+    }
+    let summary = warm_start(&cfg, &args.out, args.eval_problems, args.quiet)?;
+    println!("{}", serde_json::to_string(&summary)?);
+    Ok(())
+}
+
+/// Trains `[model]` on `[task]` per `[sft]` and writes the result to `out`.
+pub fn warm_start(
+    cfg: &ConfigFile,
+    out: &Path,
+    eval_problems: usize,
+    quiet: bool,
+) -> anyhow::Result<SftSummary> {
+    let t0 = std::time::Instant::now();
+    let device = common::device();
+    let (policy, tokenizer) = cfg.model.load(&device)?;
+    let task = common::task(&cfg.task)?;
+    let stop = common::stop_tokens(&tokenizer, &cfg.actor.stop)?;
+    let problems = task.eval_problems(eval_problems);
+    let max_new = cfg.learner.eval_max_new_tokens;
+    let before = evaluate(&policy, &tokenizer, &*task, &problems, max_new, &stop, 1);
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(cfg.sft.steps)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("sft {bar:30} {pos}/{len} [{elapsed}<{eta}] {msg}")
+            .expect("valid template"),
+    );
+    let mut last = SftStep::default();
+    let policy = sft(policy, &tokenizer, &*task, stop[0], &cfg.sft, |s| {
+        bar.set_position(s.step);
+        bar.set_message(format!("nll {:.3}  {:.0} tok/s", s.nll, s.tokens_per_s));
+        if quiet && s.step % 50 == 0 {
+            tracing::info!(step = s.step, nll = s.nll, "sft");
+        }
+        last = s;
+    })?;
+    bar.finish_and_clear();
+    let after = evaluate(&policy, &tokenizer, &*task, &problems, max_new, &stop, 1);
+    hf::save(&policy, out).with_context(|| format!("writing {}", out.display()))?;
+    tokenizer.save(&out.join("tokenizer.json"))?;
+    Ok(SftSummary {
+        steps: cfg.sft.steps,
+        final_nll: last.nll,
+        accuracy_before: before.greedy_accuracy,
+        accuracy_after: after.greedy_accuracy,
+        seconds: t0.elapsed().as_secs_f64(),
+        out: out.to_path_buf(),
+    })
+}
