@@ -298,10 +298,7 @@ impl Trainer {
 
     /// Rows, the token batch without current log-probs, and the batch's
     /// data metrics (reward, length, staleness).
-    fn layout(
-        &self,
-        groups: &[TrainGroup],
-    ) -> Result<Layout, TrainError> {
+    fn layout(&self, groups: &[TrainGroup]) -> Result<Layout, TrainError> {
         let rewards: Vec<Vec<f64>> = groups
             .iter()
             .map(|g| g.sequences.iter().map(|s| s.reward as f64).collect())

@@ -145,3 +145,27 @@ fn bad_batches_are_refused_by_name() {
     let e = t.gradients(&[]).err().unwrap().to_string();
     assert!(e.contains("no sequence"), "{e}");
 }
+
+/// Every parameter of a model loaded from disk gets a gradient (loading
+/// must not leave tensors untracked).
+#[test]
+fn every_parameter_of_a_loaded_model_is_trained() {
+    use bapo_policy::burn::module::{Module, ModuleVisitor};
+    struct Count<'a>(&'a bapo_policy::burn::optim::GradientsParams, usize, usize);
+    impl ModuleVisitor for Count<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            self.1 += 1;
+            self.2 += self.0.get::<D>(p.id).is_some() as usize;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = tiny_policy(9);
+    bapo_policy::hf::save(&src, dir.path()).unwrap();
+    let loaded = bapo_policy::hf::load(dir.path(), &Device::flex()).unwrap();
+    let groups: Vec<_> = (0..2).map(|i| group(&src, i, 0)).collect();
+    let t = Trainer::new(config("grpo"), loaded, 0).unwrap();
+    let back = t.gradients(&groups).unwrap();
+    let mut c = Count(&back.grads, 0, 0);
+    t.model().visit(&mut c);
+    assert_eq!(c.2, c.1, "{} of {} parameters have a gradient", c.2, c.1);
+}
