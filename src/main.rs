@@ -38,6 +38,8 @@ enum Command {
     Actor(commands::actor::ActorArgs),
     /// Supervised warm start on a task's worked solutions.
     Sft(commands::sft::SftArgs),
+    /// Compare losses across staleness bounds from one warm start.
+    Study(commands::study::StudyArgs),
     /// Held-out accuracy of a model (greedy and pass@k).
     Eval(commands::eval::EvalArgs),
     /// One policy loss on a JSON batch: loss, gradient and metrics as JSON.
@@ -55,6 +57,7 @@ fn main() -> anyhow::Result<()> {
         Command::Learner(args) => run_async(commands::learner::run(args)),
         Command::Actor(args) => run_async(commands::actor::run(args)),
         Command::Run(args) => run_async(commands::run::run(args)),
+        Command::Study(args) => run_async(commands::study::run(args)),
         Command::Sft(args) => {
             telemetry::init_logging("info");
             commands::sft::run(args)

@@ -118,6 +118,21 @@ const CHARTS: &[(&str, &str, &[&str])] = &[
     ),
 ];
 
+/// A trailing moving average over `window` points: per-step batch
+/// statistics are noisy, the trend is what a reader wants.
+pub fn smooth(points: &[(f64, f64)], window: usize) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(points.len());
+    let mut sum = 0.0;
+    for (i, &(x, y)) in points.iter().enumerate() {
+        sum += y;
+        if i >= window {
+            sum -= points[i - window].1;
+        }
+        out.push((x, sum / (i + 1).min(window) as f64));
+    }
+    out
+}
+
 fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -153,9 +168,17 @@ pub fn write(out: &Path, summary: &RunSummary) -> anyhow::Result<()> {
     }
     html.push_str("</table><h2>Training</h2><div class=\"charts\">");
     for (stem, title, keys) in CHARTS {
+        // Evaluations are sparse and exact; per-step statistics are smoothed.
         let series: Vec<Series> = keys
             .iter()
-            .filter_map(|k| metrics.get(*k).map(|s| (k.to_string(), s.clone())))
+            .filter_map(|k| {
+                let s = metrics.get(*k)?;
+                Some(if *k != "eval_accuracy" && s.len() > 100 {
+                    (format!("{k} (mean of 25)"), smooth(s, 25))
+                } else {
+                    (k.to_string(), s.clone())
+                })
+            })
             .collect();
         if series.is_empty() {
             continue;
@@ -167,4 +190,38 @@ pub fn write(out: &Path, summary: &RunSummary) -> anyhow::Result<()> {
     html.push_str("</div></body></html>\n");
     std::fs::write(out.join("report.html"), html)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_become_series_and_charts_name_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        std::fs::write(
+            &path,
+            "{\"step\":1,\"reward_mean\":0.5,\"loss\":null}\n{\"step\":2,\"reward_mean\":0.75}\nnot json\n",
+        )
+        .unwrap();
+        let m = read_metrics(&path).unwrap();
+        assert_eq!(m["reward_mean"], vec![(1.0, 0.5), (2.0, 0.75)]);
+        assert!(!m.contains_key("loss"), "null is no point");
+        let svg = line_chart(
+            "Batch reward",
+            "step",
+            &[("reward".into(), m["reward_mean"].clone())],
+        )
+        .unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.contains("Batch reward"),
+            "{}",
+            &svg[..200]
+        );
+        assert_eq!(
+            smooth(&[(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)], 2),
+            vec![(0.0, 1.0), (1.0, 2.0), (2.0, 4.0)]
+        );
+    }
 }

@@ -8,3 +8,4 @@ pub mod learner;
 pub mod loss;
 pub mod run;
 pub mod sft;
+pub mod study;

@@ -74,7 +74,7 @@ pub struct Services {
 }
 
 /// `summary.json`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunSummary {
     pub algo: String,
     pub max_staleness: u64,
