@@ -98,7 +98,8 @@ apt_install() {
 PROMTOOL=""
 ensure_promtool() {
     local cached="$TOOLS/prometheus/usr/bin/promtool"
-    if [[ -x "$cached" ]] && "$cached" --version >/dev/null 2>&1; then
+    # The server binary too: scripts/prometheus-e2e.sh runs it.
+    if [[ -x "$cached" && -x "$TOOLS/prometheus/usr/bin/prometheus" ]] && "$cached" --version >/dev/null 2>&1; then
         PROMTOOL=$cached
         return 0
     fi
@@ -117,6 +118,7 @@ ensure_promtool() {
         dpkg-deb -x "$dl"/prometheus_*.deb "$TOOLS/prometheus.tmp" || return 1
         mkdir -p "$TOOLS/prometheus/usr/bin"
         mv "$TOOLS/prometheus.tmp/usr/bin/promtool" "$cached" || return 1
+        mv "$TOOLS/prometheus.tmp/usr/bin/prometheus" "$TOOLS/prometheus/usr/bin/prometheus" || return 1
         rm -rf "$TOOLS/prometheus.tmp" "$dl"
         "$cached" --version >/dev/null || return 1
         PROMTOOL=$cached
