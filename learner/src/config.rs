@@ -28,6 +28,19 @@ pub enum Proximal {
     Recompute,
 }
 
+/// Over which tokens a loss's data-dependent choices are made (BAPO's
+/// bound search, GSPO's sequence ratios, clip statistics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SearchScope {
+    /// Once per optimiser step on the whole batch: the same bounds for
+    /// every micro-batch, and data-parallel ranks agree.
+    Step,
+    /// Per micro-batch, as the official BAPO code does; the aggregation
+    /// denominators stay those of the whole step.
+    MicroBatch,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LearnerConfig {
@@ -40,6 +53,7 @@ pub struct LearnerConfig {
     /// Overrides the loss's own aggregation.
     pub agg: Option<String>,
     pub proximal: Proximal,
+    pub search_scope: SearchScope,
     pub advantage: Estimator,
     /// Drop groups whose rewards are all equal (DAPO's dynamic sampling).
     pub filter_zero_variance: bool,
@@ -95,6 +109,7 @@ impl Default for LearnerConfig {
             dual_clip: None,
             agg: None,
             proximal: Proximal::Behavior,
+            search_scope: SearchScope::Step,
             advantage: Estimator::Grpo {
                 std: StdKind::Unbiased,
             },

@@ -23,7 +23,7 @@ use bapo_policy::{
 
 use crate::{
     advantage::batch_advantages,
-    config::{LearnerConfig, Proximal},
+    config::{LearnerConfig, Proximal, SearchScope},
     grads::clip_global_norm,
     loss::{Denominators, LossError, LossOutput, PolicyLoss, TokenBatch},
     rollouts::TrainGroup,
@@ -218,8 +218,16 @@ impl Trainer {
         // Current log-probs: in a no-grad pass first when the loss needs
         // them before the first backward pass (several micro-batches, or a
         // recomputed proximal policy); else read off the one autodiff pass.
-        let prepass = micro.len() > 1 || self.cfg.proximal == Proximal::Recompute;
+        // With the search scoped to micro-batches, each computes its own
+        // loss (bounds, statistics) from its own forward pass; the
+        // denominators stay those of the whole step.
+        let per_micro = self.cfg.search_scope == SearchScope::MicroBatch && micro.len() > 1;
+        let prepass =
+            !per_micro && (micro.len() > 1 || self.cfg.proximal == Proximal::Recompute);
+        let denoms = Denominators::of(&batch_skel);
         let mut out: Option<(LossOutput, TokenBatch)> = None;
+        let (mut lp_flat, mut grad_flat) = (vec![0.0; n_tokens], vec![0.0; n_tokens]);
+        let (mut loss_sum, mut metric_sums) = (0.0, BTreeMap::<String, f64>::new());
         if prepass {
             let valid = self.model.valid();
             let rope = self.plain_rope();
@@ -231,7 +239,7 @@ impl Trainer {
                 let host = to_host(token_logprobs(logits, targets, self.cfg.temperature));
                 scatter_response(&rows[mb.clone()], &host, &mut lp);
             }
-            out = Some(self.compute_loss(&batch_skel, lp)?);
+            out = Some(self.compute_loss(&batch_skel, lp, &denoms)?);
         }
 
         let mut accum = GradientsAccumulator::<Transformer>::new();
@@ -244,14 +252,28 @@ impl Trainer {
             let (logits, targets) = shift_for_next_token(logits, tokens.clone());
             let (lp, entropy) = token_logprobs_and_entropy(logits, targets, self.cfg.temperature);
             let [b, t] = lp.dims();
-            if out.is_none() {
+            if per_micro {
+                scatter_response(rows, &to_host(lp.clone()), &mut lp_flat);
+                let last = rows.last().expect("micro-batches are not empty");
+                let range = rows[0].offset..last.offset + last.len;
+                let sub = slice(&batch_skel, range.clone());
+                let (o, _) = self.compute_loss(&sub, lp_flat[range.clone()].to_vec(), &denoms)?;
+                grad_flat[range.clone()].copy_from_slice(&o.grad);
+                loss_sum += o.loss;
+                for (k, v) in o.metrics {
+                    *metric_sums.entry(k).or_default() += v * range.len() as f64 / n_tokens as f64;
+                }
+            } else if out.is_none() {
                 let host = to_host(lp.clone());
                 let mut flat = vec![0.0; n_tokens];
                 scatter_response(rows, &host, &mut flat);
-                out = Some(self.compute_loss(&batch_skel, flat)?);
+                out = Some(self.compute_loss(&batch_skel, flat, &denoms)?);
             }
-            let (loss_out, _) = out.as_ref().expect("computed above");
-            let coef = response_grid(rows, [b, t], |row, j| loss_out.grad[row.offset + j] as f32);
+            let grad: &[f64] = match &out {
+                Some((o, _)) => &o.grad,
+                None => &grad_flat,
+            };
+            let coef = response_grid(rows, [b, t], |row, j| grad[row.offset + j] as f32);
             let mask = response_grid(rows, [b, t], |_, _| inv_tokens);
             let coef = Tensor::<2>::from_data(TensorData::new(coef, [b, t]), &self.device);
             let mask = Tensor::<2>::from_data(TensorData::new(mask, [b, t]), &self.device);
@@ -277,6 +299,15 @@ impl Trainer {
             }
             let grads = GradientsParams::from_grads(objective.backward(), &self.model);
             accum.accumulate(&self.model, grads);
+        }
+        if per_micro {
+            let batch = self.token_batch(&batch_skel, lp_flat)?;
+            let loss = LossOutput {
+                loss: loss_sum,
+                grad: grad_flat,
+                metrics: metric_sums,
+            };
+            out = Some((loss, batch));
         }
         let (loss_out, batch) = out.ok_or(TrainError::Empty)?;
 
@@ -385,12 +416,9 @@ impl Trainer {
         Ok((rows, skel, m))
     }
 
-    /// The loss over the whole step, from the current log-probs `lp`.
-    fn compute_loss(
-        &self,
-        skel: &TokenBatch,
-        lp: Vec<f64>,
-    ) -> Result<(LossOutput, TokenBatch), TrainError> {
+    /// The token batch with current log-probs `lp` filled in, `lp_old` and
+    /// `lp_behav` placed as configured.
+    fn token_batch(&self, skel: &TokenBatch, lp: Vec<f64>) -> Result<TokenBatch, TrainError> {
         let lp: Vec<f64> = lp.into_iter().map(|x| x.min(0.0)).collect();
         let behav = skel
             .logp_behav
@@ -400,15 +428,26 @@ impl Trainer {
             Proximal::Behavior => (behav, None),
             Proximal::Recompute => (lp.clone(), Some(behav)),
         };
-        let batch = TokenBatch::new(
+        Ok(TokenBatch::new(
             skel.advantages.clone(),
             lp,
             old,
             behav,
             Some(skel.mask.clone()),
             Some(skel.seq_ids.clone()),
-        )?;
-        let out = self.loss.compute(&batch, &Denominators::of(&batch));
+        )?)
+    }
+
+    /// The loss of `skel`'s tokens from their current log-probs `lp`,
+    /// divided by the step's `denoms`.
+    fn compute_loss(
+        &self,
+        skel: &TokenBatch,
+        lp: Vec<f64>,
+        denoms: &Denominators,
+    ) -> Result<(LossOutput, TokenBatch), TrainError> {
+        let batch = self.token_batch(skel, lp)?;
+        let out = self.loss.compute(&batch, denoms);
         Ok((out, batch))
     }
 
@@ -432,6 +471,18 @@ impl Trainer {
             self.model_config.max_position_embeddings,
             &self.device.clone().inner(),
         )
+    }
+}
+
+/// The tokens `range` of a batch.
+fn slice(b: &TokenBatch, range: Range<usize>) -> TokenBatch {
+    TokenBatch {
+        advantages: b.advantages[range.clone()].to_vec(),
+        logp: Vec::new(),
+        logp_old: Vec::new(),
+        logp_behav: b.logp_behav.as_ref().map(|v| v[range.clone()].to_vec()),
+        mask: b.mask[range.clone()].to_vec(),
+        seq_ids: b.seq_ids[range].to_vec(),
     }
 }
 

@@ -169,3 +169,36 @@ fn every_parameter_of_a_loaded_model_is_trained() {
     t.model().visit(&mut c);
     assert_eq!(c.2, c.1, "{} of {} parameters have a gradient", c.2, c.1);
 }
+
+/// Per-micro-batch search: each micro-batch chooses its own bounds, the
+/// denominators stay global, so the gradient is the sum of the micro-batch
+/// losses' gradients; with one micro-batch it is the step scope exactly.
+#[test]
+fn micro_batch_search_scope_uses_global_denominators() {
+    use bapo_learner::config::SearchScope;
+    let stale = tiny_policy(16);
+    let groups: Vec<_> = (0..2).map(|i| group(&stale, i, 0)).collect();
+    let step = Trainer::new(config("bapo"), tiny_policy(17), 0).unwrap();
+    let mut cfg = config("bapo");
+    cfg.search_scope = SearchScope::MicroBatch;
+    cfg.micro_batch_seqs = 4;
+    let micro = Trainer::new(cfg.clone(), step.policy(), 0).unwrap();
+    let a = step.gradients(&groups).unwrap();
+    let b = micro.gradients(&groups).unwrap();
+    // One group per micro-batch, each meeting the positive-share target
+    // at the initial bounds, as the whole step does: the micro-batch
+    // losses over the global denominators add up to the step's loss.
+    assert_eq!(a.loss.metrics["search_steps"], 0.0);
+    assert_eq!(b.loss.metrics["search_steps"], 0.0);
+    assert!((b.loss.loss - a.loss.loss).abs() < 1e-9, "{} vs {}", b.loss.loss, a.loss.loss);
+    for (x, y) in b.loss.grad.iter().zip(&a.loss.grad) {
+        assert!((x - y).abs() < 1e-9);
+    }
+    cfg.micro_batch_seqs = 64;
+    let single = Trainer::new(cfg, step.policy(), 0).unwrap();
+    let c = single.gradients(&groups).unwrap();
+    assert!((c.loss.loss - a.loss.loss).abs() < 1e-9);
+    for (x, y) in c.loss.grad.iter().zip(&a.loss.grad) {
+        assert!((x - y).abs() < 1e-9);
+    }
+}
