@@ -38,10 +38,13 @@ pub struct StudyArgs {
     /// RL steps per run.
     #[arg(long)]
     pub steps: Option<u64>,
-    /// Study directory: one run directory per configuration, the shared
-    /// warm start, `study.json` and `report.html`.
+    /// Where `study.json`, `report.html` and its charts go.
     #[arg(long, default_value = "study")]
     pub out: PathBuf,
+    /// Where the run directories and the shared warm start go (checkpoints
+    /// and weights: large); default `<out>/runs`.
+    #[arg(long)]
+    pub runs: Option<PathBuf>,
     /// Start every run from this HF directory instead of a fresh warm start.
     #[arg(long)]
     pub init: Option<PathBuf>,
@@ -86,11 +89,12 @@ pub async fn run(args: StudyArgs) -> anyhow::Result<()> {
     let stale: Vec<u64> = list(&args.staleness, "--staleness")?;
     let seeds: Vec<u64> = list(&args.seeds, "--seeds")?;
     std::fs::create_dir_all(&args.out)?;
+    let runs = args.runs.clone().unwrap_or_else(|| args.out.join("runs"));
     let init = match &args.init {
         Some(d) => d.clone(),
         None => {
             let cfg = ConfigFile::load_or_builtin(args.config.as_deref())?;
-            let dir = args.out.join("warm-start");
+            let dir = runs.join("warm-start");
             let d = dir.clone();
             let s =
                 tokio::task::spawn_blocking(move || sft::warm_start(&cfg, &d, 0, false)).await??;
@@ -102,7 +106,7 @@ pub async fn run(args: StudyArgs) -> anyhow::Result<()> {
     for &seed in &seeds {
         for &s in &stale {
             for algo in &algos {
-                let dir = args.out.join(format!("{algo}-s{s}-seed{seed}"));
+                let dir = runs.join(format!("{algo}-s{s}-seed{seed}"));
                 eprintln!("study: {algo}, max staleness {s}, seed {seed}");
                 let summary = run_to_summary(&RunArgs {
                     config: args.config.clone(),
