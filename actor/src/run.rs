@@ -149,18 +149,15 @@ struct Slot {
 
 impl Slot {
     fn run(mut self) {
-        // Wait for the first weights.
+        // Wait for the first weights (or an abort before they come).
         let mut cell = self.cell.clone();
-        if self
-            .handle
-            .block_on(async {
-                tokio::select! {
-                    r = cell.wait_for(|c| c.is_some()) => r.is_ok(),
-                    _ = self.abort_rx.wait_for(|a| *a) => false,
-                }
-            })
-            .not()
-        {
+        let got_weights = self.handle.block_on(async {
+            tokio::select! {
+                r = cell.wait_for(|c| c.is_some()) => r.is_ok(),
+                _ = self.abort_rx.wait_for(|a| *a) => false,
+            }
+        });
+        if !got_weights {
             return;
         }
         let mut rng = SmallRng::seed_from_u64(fxhash(&self.prefix) ^ self.cfg.sampling.seed);
@@ -247,16 +244,6 @@ impl Slot {
                 }
             }
         }
-    }
-}
-
-trait Not {
-    fn not(self) -> bool;
-}
-
-impl Not for bool {
-    fn not(self) -> bool {
-        !self
     }
 }
 

@@ -222,8 +222,7 @@ impl Trainer {
         // loss (bounds, statistics) from its own forward pass; the
         // denominators stay those of the whole step.
         let per_micro = self.cfg.search_scope == SearchScope::MicroBatch && micro.len() > 1;
-        let prepass =
-            !per_micro && (micro.len() > 1 || self.cfg.proximal == Proximal::Recompute);
+        let prepass = !per_micro && (micro.len() > 1 || self.cfg.proximal == Proximal::Recompute);
         let denoms = Denominators::of(&batch_skel);
         let mut out: Option<(LossOutput, TokenBatch)> = None;
         let (mut lp_flat, mut grad_flat) = (vec![0.0; n_tokens], vec![0.0; n_tokens]);
