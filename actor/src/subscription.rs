@@ -52,7 +52,9 @@ pub struct Assembly {
 
 impl Assembly {
     pub fn new(update: WeightUpdate) -> Self {
-        let cap = update.payload_len.min(1 << 34) as usize;
+        // Trust the announced length only so far: a bogus one must not
+        // allocate the machine away before the first chunk arrives.
+        let cap = update.payload_len.min(256 << 20) as usize;
         Self {
             update,
             payload: Vec::with_capacity(cap),
