@@ -63,15 +63,17 @@ pub fn eval_hook(
 pub fn load_model_dir(dir: &Path, device: &Device) -> anyhow::Result<(Policy, TextTokenizer)> {
     if dir.join(checkpoint::STATE_FILE).exists() {
         let (policy, _) = checkpoint::load_policy(dir, device)?;
-        let tokenizer = ModelSpec::default().tokenizer()?;
-        let tokenizer = match dir
-            .parent()
-            .and_then(Path::parent)
-            .map(|r| r.join("tokenizer.json"))
-        {
-            Some(p) if p.exists() => TextTokenizer::from_file(&p)?,
-            _ => tokenizer,
+        // The learner saves its tokenizer in the run directory, two levels
+        // up from `checkpoints/step-N`; without one, the built-in one.
+        let spec = ModelSpec {
+            tokenizer: dir
+                .parent()
+                .and_then(Path::parent)
+                .map(|r| r.join("tokenizer.json"))
+                .filter(|p| p.exists()),
+            ..ModelSpec::default()
         };
+        let tokenizer = spec.tokenizer()?;
         return Ok((policy, tokenizer));
     }
     if dir.join("config.json").exists() {
