@@ -2,10 +2,13 @@
 //! optionally, pass@k from k samples. Shared by the learner's periodic
 //! evaluation, `bapo eval` and the warm-start report.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::{
     Generation, SamplingParams,
+    generate::Response,
     policy::Policy,
     tasks::{Problem, Task},
     tokenizer::TextTokenizer,
@@ -31,7 +34,16 @@ pub fn completion(tokenizer: &TextTokenizer, tokens: &[u32], stop: &[u32]) -> St
     tokenizer.decode(&tokens[..end]).unwrap_or_default()
 }
 
+/// Rows of one batched generation: enough to amortise a decode step's fixed
+/// costs over many problems, few enough that the longest response of a
+/// batch (the others wait for it) wastes little.
+const BATCH_ROWS: usize = 64;
+
 /// Evaluates `policy` on `problems`. `k > 1` adds pass@k at temperature 1.
+///
+/// Problems whose prompts have the same number of tokens are decoded
+/// together, [`BATCH_ROWS`] rows at a time: one problem per row for greedy,
+/// `k` rows per problem for pass@k (seeded by the batch's first problem).
 pub fn evaluate(
     policy: &Policy,
     tokenizer: &TextTokenizer,
@@ -42,39 +54,53 @@ pub fn evaluate(
     k: usize,
 ) -> EvalResult {
     let full = task.reward_range().1;
-    let (mut correct, mut reward_sum, mut pass) = (0usize, 0.0f64, 0usize);
+    let mut by_len: BTreeMap<usize, Vec<(usize, Vec<u32>)>> = BTreeMap::new();
     for (i, p) in problems.iter().enumerate() {
-        let prompt = match tokenizer.encode(&p.prompt) {
-            Ok(t) if !t.is_empty() => t,
-            _ => continue,
-        };
-        let greedy = SamplingParams {
-            temperature: 0.0,
-            max_new_tokens,
-            stop_tokens: stop.to_vec(),
-            ..Default::default()
-        };
-        let mut g = Generation::new(prompt.clone(), 1, greedy);
-        g.run(policy, 0);
-        let text = completion(tokenizer, &g.responses()[0].tokens, stop);
-        let r = task.score(p, &text);
-        reward_sum += r as f64;
-        correct += (r >= full) as usize;
-        if k > 1 {
+        if let Ok(t) = tokenizer.encode(&p.prompt)
+            && !t.is_empty()
+        {
+            by_len.entry(t.len()).or_default().push((i, t));
+        }
+    }
+    let score =
+        |i: usize, r: &Response| task.score(&problems[i], &completion(tokenizer, &r.tokens, stop));
+    let (mut correct, mut reward_sum, mut pass) = (0usize, 0.0f64, 0usize);
+    for bucket in by_len.values() {
+        for chunk in bucket.chunks(BATCH_ROWS) {
+            let greedy = SamplingParams {
+                temperature: 0.0,
+                max_new_tokens,
+                stop_tokens: stop.to_vec(),
+                ..Default::default()
+            };
+            let mut g = Generation::batch(chunk.iter().map(|(_, t)| t.clone()).collect(), greedy);
+            g.run(policy, 0);
+            for ((i, _), response) in chunk.iter().zip(g.responses()) {
+                let r = score(*i, response);
+                reward_sum += r as f64;
+                correct += (r >= full) as usize;
+            }
+        }
+        if k < 2 {
+            continue;
+        }
+        for chunk in bucket.chunks((BATCH_ROWS / k).max(1)) {
             let sampled = SamplingParams {
                 temperature: 1.0,
                 max_new_tokens,
                 stop_tokens: stop.to_vec(),
-                seed: i as u64,
+                seed: chunk[0].0 as u64,
                 ..Default::default()
             };
-            let mut g = Generation::new(prompt, k, sampled);
-            g.run(policy, 0);
-            let any = g
-                .responses()
+            let prompts = chunk
                 .iter()
-                .any(|r| task.score(p, &completion(tokenizer, &r.tokens, stop)) >= full);
-            pass += any as usize;
+                .flat_map(|(_, t)| std::iter::repeat_n(t.clone(), k))
+                .collect();
+            let mut g = Generation::batch(prompts, sampled);
+            g.run(policy, 0);
+            for ((i, _), samples) in chunk.iter().zip(g.responses().chunks(k)) {
+                pass += samples.iter().any(|r| score(*i, r) >= full) as usize;
+            }
         }
     }
     let n = problems.len().max(1) as f64;

@@ -1,4 +1,5 @@
-//! Batched incremental decoding of K responses to one prompt (a group) with
+//! Batched incremental decoding of K responses to one prompt (a group), or
+//! of one response each to several prompts of one length (evaluation), with
 //! a KV cache, pausable after any token: drop the cache with
 //! [`Generation::invalidate_cache`], swap the weights, and the next step
 //! rebuilds the cache from the prompt and the tokens so far with the new
@@ -29,7 +30,9 @@ pub struct Response {
 
 /// The state of one group's generation: owned per request.
 pub struct Generation {
-    prompt: Vec<u32>,
+    /// One prompt per row, all of one length (the model has no padding
+    /// mask, so rows advance in lockstep from the same position).
+    prompts: Vec<Vec<u32>>,
     responses: Vec<Response>,
     /// Tokens fed after the prompt, per row: the response so far, padded
     /// with its last token once finished (rows advance in lockstep).
@@ -39,10 +42,23 @@ pub struct Generation {
 }
 
 impl Generation {
+    /// `n` responses to `prompt`: a group.
     pub fn new(prompt: Vec<u32>, n: usize, params: SamplingParams) -> Self {
-        assert!(!prompt.is_empty(), "a prompt needs at least one token");
+        Self::batch(vec![prompt; n], params)
+    }
+
+    /// One response to each of `prompts`, which must all have the same,
+    /// non-zero length; one sampler (and RNG) serves every row.
+    pub fn batch(prompts: Vec<Vec<u32>>, params: SamplingParams) -> Self {
+        let len = prompts.first().map_or(0, Vec::len);
+        assert!(len > 0, "a prompt needs at least one token");
+        assert!(
+            prompts.iter().all(|p| p.len() == len),
+            "batched prompts must have one length"
+        );
+        let n = prompts.len();
         Self {
-            prompt,
+            prompts,
             responses: vec![Response::default(); n],
             fed: vec![Vec::new(); n],
             sampler: Sampler::new(params),
@@ -87,9 +103,10 @@ impl Generation {
             }
             None => {
                 let rows: Vec<Vec<u32>> = self
-                    .fed
+                    .prompts
                     .iter()
-                    .map(|f| self.prompt.iter().chain(f).copied().collect())
+                    .zip(&self.fed)
+                    .map(|(p, f)| p.iter().chain(f).copied().collect())
                     .collect();
                 let mut cache = KvCache::new(policy.config.num_hidden_layers);
                 let logits = policy.model.forward(
@@ -108,14 +125,15 @@ impl Generation {
             .into_data()
             .try_into_vec::<f32>()
             .expect("logits are f32");
-        let context = self.prompt.len() + self.fed[0].len() + 1;
+        let context = self.prompts[0].len() + self.fed[0].len() + 1;
         let max_new = self.sampler.params().max_new_tokens;
         for (i, row) in last.chunks_exact(v).enumerate() {
             let r = &mut self.responses[i];
             if r.finish.is_some() {
                 let pad = *self.fed[i]
                     .last()
-                    .unwrap_or(&self.prompt[self.prompt.len() - 1]);
+                    .or(self.prompts[i].last())
+                    .expect("prompts are not empty");
                 self.fed[i].push(pad);
                 continue;
             }

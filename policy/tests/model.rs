@@ -54,6 +54,43 @@ fn cached_decoding_equals_full_recomputation() {
 }
 
 #[test]
+fn a_batch_of_prompts_decodes_as_each_prompt_alone() {
+    let device = Device::flex();
+    let policy = Policy::init(tiny(), &device);
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_new_tokens: 10,
+        stop_tokens: vec![7],
+        ..Default::default()
+    };
+    let prompts: Vec<Vec<u32>> = (0..5u32)
+        .map(|r| (0..6).map(|i| (r * 31 + i * 11 + 2) % 97).collect())
+        .collect();
+    let mut batch = Generation::batch(prompts.clone(), params.clone());
+    batch.run(&policy, 0);
+    let mut distinct = std::collections::HashSet::new();
+    for (prompt, b) in prompts.into_iter().zip(batch.responses()) {
+        let mut alone = Generation::new(prompt, 1, params.clone());
+        alone.run(&policy, 0);
+        let a = &alone.responses()[0];
+        assert_eq!(a.tokens, b.tokens);
+        assert_eq!(a.finish, b.finish);
+        for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+            assert!((x - y).abs() < 1e-4, "{x} vs {y}");
+        }
+        distinct.insert(b.tokens.clone());
+    }
+    // Rows really are different problems, not copies of the first.
+    assert!(distinct.len() > 1);
+}
+
+#[test]
+#[should_panic(expected = "one length")]
+fn a_batch_refuses_prompts_of_different_lengths() {
+    Generation::batch(vec![vec![1, 2], vec![3]], SamplingParams::default());
+}
+
+#[test]
 fn a_chunked_prefill_after_cached_positions_equals_one_pass() {
     let device = Device::flex();
     let policy = Policy::init(tiny(), &device);
