@@ -142,12 +142,19 @@ impl Default for LearnerConfig {
 }
 
 impl LearnerConfig {
+    /// The learning-rate schedule. `decay_steps = 0` decays over the steps
+    /// left after warm-up, so a run shortened with `--steps` (a study, a
+    /// test) still ends at the floor.
     pub fn schedule(&self) -> LrSchedule {
+        let decay_steps = match self.decay_steps {
+            0 => self.steps.saturating_sub(self.warmup_steps),
+            n => n,
+        };
         LrSchedule {
             lr: self.lr,
             warmup_steps: self.warmup_steps,
             decay: self.decay,
-            decay_steps: self.decay_steps,
+            decay_steps,
             min_lr_ratio: self.min_lr_ratio,
         }
     }
@@ -195,5 +202,33 @@ impl LearnerConfig {
             return bad("broadcast_every", "must be at least 1");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_decay_steps_decay_over_the_rest_of_the_run() {
+        let cfg = LearnerConfig {
+            lr: 1e-4,
+            warmup_steps: 50,
+            decay: Decay::Cosine,
+            decay_steps: 0,
+            min_lr_ratio: 0.1,
+            steps: 500,
+            ..Default::default()
+        };
+        let s = cfg.schedule();
+        assert_eq!(s.decay_steps, 450);
+        assert!((s.at(49) - 1e-4).abs() < 1e-15);
+        assert!(s.at(274) < 0.6e-4 && s.at(274) > 0.5e-4);
+        assert!((s.at(499) - 1e-5).abs() < 1e-8);
+        let fixed = LearnerConfig {
+            decay_steps: 100,
+            ..cfg
+        };
+        assert_eq!(fixed.schedule().decay_steps, 100);
     }
 }
