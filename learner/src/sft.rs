@@ -11,7 +11,7 @@ use bapo_policy::{
         optim::{AdamWConfig, GradientsParams},
         prelude::*,
     },
-    logprob::{shift_for_next_token, token_logprobs},
+    logprob::next_token_logprobs,
     rope::Rope,
     tasks::Task,
     tokenizer::TextTokenizer,
@@ -123,8 +123,7 @@ pub fn sft(
         let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [rows.len(), t]), &device);
         let w = Tensor::<2>::from_data(TensorData::new(weights, [rows.len(), t - 1]), &device);
         let logits = model.forward(tokens.clone(), &rope, None);
-        let (logits, targets) = shift_for_next_token(logits, tokens);
-        let nll = token_logprobs(logits, targets, 1.0).mul(w).sum().neg();
+        let nll = next_token_logprobs(logits, tokens, 1.0).mul(w).sum().neg();
         let nll_value = nll.clone().into_scalar::<f32>() as f64;
         let mut grads = GradientsParams::from_grads(nll.backward(), &model);
         clip_global_norm(&model, &mut grads, cfg.max_grad_norm);

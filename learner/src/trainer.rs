@@ -16,7 +16,7 @@ use bapo_policy::{
         optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer},
         prelude::*,
     },
-    logprob::{shift_for_next_token, token_logprobs, token_logprobs_and_entropy},
+    logprob::{next_token_logprobs, next_token_logprobs_and_entropy},
     model::Transformer,
     rope::Rope,
 };
@@ -234,8 +234,7 @@ impl Trainer {
             for mb in &micro {
                 let tokens = self.tokens(&rows[mb.clone()], &self.device.clone().inner());
                 let logits = valid.forward(tokens.clone(), &rope, None);
-                let (logits, targets) = shift_for_next_token(logits, tokens);
-                let host = to_host(token_logprobs(logits, targets, self.cfg.temperature));
+                let host = to_host(next_token_logprobs(logits, tokens, self.cfg.temperature));
                 scatter_response(&rows[mb.clone()], &host, &mut lp);
             }
             out = Some(self.compute_loss(&batch_skel, lp, &denoms)?);
@@ -248,8 +247,8 @@ impl Trainer {
             let rows = &rows[mb.clone()];
             let tokens = self.tokens(rows, &self.device);
             let logits = self.model.forward(tokens.clone(), &self.rope, None);
-            let (logits, targets) = shift_for_next_token(logits, tokens.clone());
-            let (lp, entropy) = token_logprobs_and_entropy(logits, targets, self.cfg.temperature);
+            let (lp, entropy) =
+                next_token_logprobs_and_entropy(logits, tokens.clone(), self.cfg.temperature);
             let [b, t] = lp.dims();
             if per_micro {
                 scatter_response(rows, &to_host(lp.clone()), &mut lp_flat);
@@ -287,8 +286,11 @@ impl Trainer {
                 let plain = self.device.clone().inner();
                 let tokens_ref = self.tokens(rows, &plain);
                 let logits = reference.forward(tokens_ref.clone(), &rope, None);
-                let (logits, targets) = shift_for_next_token(logits, tokens_ref);
-                let ref_lp = to_host(token_logprobs(logits, targets, self.cfg.temperature));
+                let ref_lp = to_host(next_token_logprobs(
+                    logits,
+                    tokens_ref,
+                    self.cfg.temperature,
+                ));
                 let ref_lp = Tensor::<2>::from_data(TensorData::new(ref_lp, [b, t]), &self.device);
                 // k3 = exp(lp_ref − lp) − (lp_ref − lp) − 1 ≥ 0.
                 let d = ref_lp.sub(lp);

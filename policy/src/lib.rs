@@ -10,6 +10,7 @@ pub mod config;
 pub mod evaluate;
 pub mod generate;
 pub mod hf;
+pub mod kernels;
 pub mod logprob;
 pub mod model;
 pub mod policy;

@@ -12,6 +12,11 @@
 
 use burn::{prelude::*, tensor::activation::log_softmax};
 
+/// The training path: shift, log-softmax, gather and entropy in one fused
+/// kernel (see [`crate::kernels`]); the functions below take logits and
+/// targets already aligned.
+pub use crate::kernels::{next_token_logprobs, next_token_logprobs_and_entropy};
+
 /// `logits` `[B, T, V]`, `targets` `[B, T]`: log-prob of each target and
 /// the entropy of each position's distribution, both `[B, T]`.
 pub fn token_logprobs_and_entropy(

@@ -13,13 +13,17 @@ use burn::{
     nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig},
     prelude::*,
     tensor::{
-        activation::silu,
         module::{attention, linear},
         ops::AttentionModuleOptions,
     },
 };
 
-use crate::{cache::KvCache, config::ModelConfig, rope::Rope};
+use crate::{
+    cache::KvCache,
+    config::ModelConfig,
+    kernels::{self, reference::repeat_kv},
+    rope::Rope,
+};
 
 /// HF's `initializer_range` default.
 const INIT_STD: f64 = 0.02;
@@ -71,14 +75,22 @@ impl Attention {
         cache: Option<(&mut KvCache, usize)>,
     ) -> Tensor<2> {
         let (nh, nkv, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let Some(cache) = cache else {
+            // Whole sequences (training, scoring): the fused kernel reads
+            // the projections in their own `[b, t, heads, hd]` layout.
+            let heads = |y: Tensor<2>, n: usize| y.reshape([b, t, n, hd]);
+            let q = rope.apply_seq_major(heads(self.q_proj.forward(x.clone()), nh), start);
+            let k = rope.apply_seq_major(heads(self.k_proj.forward(x.clone()), nkv), start);
+            let v = heads(self.v_proj.forward(x), nkv);
+            let out = kernels::causal_attention(q, k, v);
+            return self.o_proj.forward(out.reshape([b * t, nh * hd]));
+        };
         let heads = |y: Tensor<2>, n: usize| y.reshape([b, t, n, hd]).swap_dims(1, 2);
         let q = rope.apply(heads(self.q_proj.forward(x.clone()), nh), start);
         let k = rope.apply(heads(self.k_proj.forward(x.clone()), nkv), start);
         let v = heads(self.v_proj.forward(x), nkv);
-        let (k, v) = match cache {
-            Some((c, layer)) => c.extend(layer, k, v),
-            None => (k, v),
-        };
+        let (c, layer) = cache;
+        let (k, v) = c.extend(layer, k, v);
         let s = k.dims()[2];
         let (k, v) = (repeat_kv(k, nh / nkv), repeat_kv(v, nh / nkv));
         // Burn's causal flag aligns the top-left corner, which is right only
@@ -111,18 +123,6 @@ impl Attention {
     }
 }
 
-/// `[b, kv_heads, s, d]` → `[b, kv_heads·n_rep, s, d]`, each kv head shared
-/// by `n_rep` consecutive query heads (HF's `repeat_kv`).
-fn repeat_kv(x: Tensor<4>, n_rep: usize) -> Tensor<4> {
-    if n_rep == 1 {
-        return x;
-    }
-    let [b, h, s, d] = x.dims();
-    x.unsqueeze_dim::<5>(2)
-        .expand([b, h, n_rep, s, d])
-        .reshape([b, h * n_rep, s, d])
-}
-
 /// True where query `i` (absolute position `offset + i`) must not see key
 /// `j`, i.e. `j > offset + i`.
 fn offset_causal_mask(
@@ -136,6 +136,12 @@ fn offset_causal_mask(
     let rows = Tensor::<1, Int>::arange(offset as i64..(offset + t) as i64, device).reshape([t, 1]);
     let cols = Tensor::<1, Int>::arange(0..s as i64, device).reshape([1, s]);
     cols.greater(rows).unsqueeze::<4>().expand([b, h, t, s])
+}
+
+/// Burn's `RmsNorm` module (its record is the HF checkpoint's norm
+/// weight) applied through the fused kernel.
+fn norm(n: &RmsNorm, x: Tensor<2>) -> Tensor<2> {
+    kernels::rms_norm(x, n.gamma.val(), n.epsilon)
 }
 
 #[derive(Module, Debug)]
@@ -156,8 +162,9 @@ impl Mlp {
     }
 
     fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        let gate = self.gate_proj.forward(x.clone());
+        self.down_proj
+            .forward(kernels::swiglu(gate, self.up_proj.forward(x)))
     }
 }
 
@@ -235,7 +242,7 @@ impl Transformer {
             .forward(tokens)
             .reshape([b * t, self.embed_tokens.weight.dims()[1]]);
         for (i, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_layernorm.forward(x.clone());
+            let h = norm(&layer.input_layernorm, x.clone());
             let h = layer.self_attn.forward(
                 h,
                 (b, t),
@@ -246,13 +253,13 @@ impl Transformer {
             x = x + h;
             let h = layer
                 .mlp
-                .forward(layer.post_attention_layernorm.forward(x.clone()));
+                .forward(norm(&layer.post_attention_layernorm, x.clone()));
             x = x + h;
         }
         if let Some(c) = cache {
             c.advance(t);
         }
-        let x = self.norm.forward(x);
+        let x = norm(&self.norm, x);
         let logits = match &self.lm_head {
             Some(head) => head.forward(x),
             // Tied: the embedding matrix `[vocab, hidden]` read transposed.

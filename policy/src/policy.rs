@@ -4,10 +4,7 @@
 use burn::prelude::*;
 
 use crate::{
-    config::ModelConfig,
-    logprob::{shift_for_next_token, token_logprobs_and_entropy},
-    model::Transformer,
-    rope::Rope,
+    config::ModelConfig, logprob::next_token_logprobs_and_entropy, model::Transformer, rope::Rope,
 };
 
 #[derive(Debug)]
@@ -62,7 +59,6 @@ impl Policy {
         temperature: f32,
     ) -> (Tensor<2>, Tensor<2>) {
         let logits = self.model.forward(tokens.clone(), &self.rope, None);
-        let (logits, targets) = shift_for_next_token(logits, tokens);
-        token_logprobs_and_entropy(logits, targets, temperature)
+        next_token_logprobs_and_entropy(logits, tokens, temperature)
     }
 }

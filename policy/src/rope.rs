@@ -49,14 +49,33 @@ impl Rope {
     /// position is absolute position `start`.
     pub fn apply(&self, x: Tensor<4>, start: usize) -> Tensor<4> {
         let [_, _, t, d] = x.dims();
+        let (cos, sin) = self.tables(start, t);
+        Self::rotate(x, cos.unsqueeze::<4>(), sin.unsqueeze::<4>(), d)
+    }
+
+    /// As [`Rope::apply`] for `x` in the `[batch, seq, heads, head_dim]`
+    /// layout that the projections produce (the fused attention's).
+    pub fn apply_seq_major(&self, x: Tensor<4>, start: usize) -> Tensor<4> {
+        let [_, t, _, d] = x.dims();
+        let (cos, sin) = self.tables(start, t);
+        let at = |table: Tensor<2>| table.reshape([1, t, 1, d]);
+        Self::rotate(x, at(cos), at(sin), d)
+    }
+
+    fn tables(&self, start: usize, t: usize) -> (Tensor<2>, Tensor<2>) {
         assert!(
             start + t <= self.max_positions(),
             "position {} beyond max_position_embeddings {}",
             start + t,
             self.max_positions()
         );
-        let cos = self.cos.clone().narrow(0, start, t).unsqueeze::<4>();
-        let sin = self.sin.clone().narrow(0, start, t).unsqueeze::<4>();
+        (
+            self.cos.clone().narrow(0, start, t),
+            self.sin.clone().narrow(0, start, t),
+        )
+    }
+
+    fn rotate(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>, d: usize) -> Tensor<4> {
         let half = d / 2;
         let x1 = x.clone().narrow(3, 0, half);
         let x2 = x.clone().narrow(3, half, half);

@@ -15,7 +15,7 @@ use bapo_policy::{
         prelude::*,
         tensor::Distribution,
     },
-    logprob::{shift_for_next_token, token_logprobs},
+    logprob::next_token_logprobs,
     model::Transformer,
 };
 use clap::Args;
@@ -87,8 +87,9 @@ fn measure_burn(
     let tokens = Policy::tokens(&rows, &device);
     let mut step = |model: Transformer| {
         let logits = model.forward(tokens.clone(), &rope, None);
-        let (logits, targets) = shift_for_next_token(logits, tokens.clone());
-        let loss = token_logprobs(logits, targets, 1.0).mean().neg();
+        let loss = next_token_logprobs(logits, tokens.clone(), 1.0)
+            .mean()
+            .neg();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         let model = optim.step(1e-4, model, grads);
         // Read one weight back: the step has really run.

@@ -1,0 +1,874 @@
+//! The kernels on Burn's CPU backend (`flex`): plain loops over `f32`
+//! slices, compiled a second time for AVX2+FMA (`multiversion` picks at
+//! run time), threaded over rows or (batch, kv-head) pairs with rayon, and
+//! the attention products through `gemm`, the matmul crate flex itself
+//! uses. Outputs are built from `Vec<f32>` directly: flex's own
+//! `FlexTensor::empty` allocates zeroed bytes and then copies them once
+//! more to re-align them, which was a tenth of a training step.
+
+use burn::{
+    backend::{
+        Bytes, Flex,
+        flex::{FlexTensor, Layout},
+    },
+    tensor::{DType, Shape},
+};
+use multiversion::multiversion;
+use rayon::prelude::*;
+
+use super::{PolicyKernels, fastmath};
+
+/// Rows per rayon task in the row-wise kernels: enough work per task to
+/// amortise scheduling, enough tasks to keep every core busy.
+fn rows_per_task(rows: usize, row_len: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let by_work = (16 * 1024 / row_len.max(1)).max(1);
+    by_work.min(rows.div_ceil(threads * 4)).max(1)
+}
+
+/// The `f32` elements of `t` in row-major order, copying only if `t` is a
+/// strided view.
+fn dense(t: FlexTensor) -> FlexTensor {
+    assert_eq!(
+        t.dtype(),
+        DType::F32,
+        "the fused kernels compute in f32; got a {:?} tensor",
+        t.dtype()
+    );
+    if t.as_slice::<f32>().is_some() {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
+fn values(t: &FlexTensor) -> &[f32] {
+    t.as_slice::<f32>()
+        .expect("dense() made the tensor contiguous")
+}
+
+fn tensor<const N: usize>(data: Vec<f32>, shape: [usize; N]) -> FlexTensor {
+    debug_assert_eq!(data.len(), shape.iter().product::<usize>());
+    FlexTensor::new(
+        Bytes::from_elems(data),
+        Layout::contiguous(Shape::from(shape)),
+        DType::F32,
+    )
+}
+
+fn dims<const N: usize>(t: &FlexTensor, what: &str) -> [usize; N] {
+    let shape = t.layout().shape();
+    assert_eq!(
+        shape.num_dims(),
+        N,
+        "{what}: expected a rank-{N} tensor, got shape {shape:?}"
+    );
+    std::array::from_fn(|i| shape[i])
+}
+
+/// Token ids of an integer tensor of any integer dtype, row-major.
+fn token_ids(t: FlexTensor) -> Vec<usize> {
+    let t = if t.is_contiguous() {
+        t
+    } else {
+        t.to_contiguous()
+    };
+    let n = t.layout().num_elements();
+    let (start, _) = t
+        .layout()
+        .contiguous_offsets()
+        .expect("contiguous after to_contiguous");
+    fn take<E: burn::tensor::Element + bytemuck::Pod>(
+        t: &FlexTensor,
+        start: usize,
+        n: usize,
+        to: impl Fn(E) -> Option<usize>,
+    ) -> Vec<usize> {
+        t.storage::<E>()[start..start + n]
+            .iter()
+            .map(|&v| to(v).expect("negative token id"))
+            .collect()
+    }
+    match t.dtype() {
+        DType::I64 => take::<i64>(&t, start, n, |v| usize::try_from(v).ok()),
+        DType::I32 => take::<i32>(&t, start, n, |v| usize::try_from(v).ok()),
+        DType::I16 => take::<i16>(&t, start, n, |v| usize::try_from(v).ok()),
+        DType::U64 => take::<u64>(&t, start, n, |v| usize::try_from(v).ok()),
+        DType::U32 => take::<u32>(&t, start, n, |v| usize::try_from(v).ok()),
+        other => panic!("token ids must be an integer tensor, got {other:?}"),
+    }
+}
+
+/// Sum of `a[i] · b[i]` with eight independent accumulators, so that the
+/// loop vectorises (a single accumulator would fix the addition order).
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ac, ar) = a.as_chunks::<8>();
+    let (bc, br) = b[..a.len()].as_chunks::<8>();
+    for (x, y) in ac.iter().zip(bc) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let tail: f32 = ar.iter().zip(br).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+#[inline(always)]
+fn max(a: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let (ac, ar) = a.as_chunks::<8>();
+    for x in ac {
+        for i in 0..8 {
+            acc[i] = acc[i].max(x[i]);
+        }
+    }
+    ar.iter()
+        .chain(acc.iter())
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v))
+}
+
+// ---------------------------------------------------------------- RMSNorm
+
+#[multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
+fn rms_norm_rows(x: &[f32], gamma: &[f32], eps: f32, out: &mut [f32]) {
+    let h = gamma.len();
+    for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+        let r = 1.0 / (dot(xr, xr) / h as f32 + eps).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(gamma) {
+            *o = v * r * g;
+        }
+    }
+}
+
+/// One block of rows of the RMSNorm backward; adds this block's share of
+/// `dgamma` into `dgamma`.
+#[multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
+fn rms_norm_backward_rows(
+    x: &[f32],
+    gamma: &[f32],
+    grad: &[f32],
+    eps: f32,
+    dx: &mut [f32],
+    dgamma: &mut [f32],
+) {
+    let h = gamma.len();
+    for ((xr, gr), dr) in x
+        .chunks_exact(h)
+        .zip(grad.chunks_exact(h))
+        .zip(dx.chunks_exact_mut(h))
+    {
+        let r = 1.0 / (dot(xr, xr) / h as f32 + eps).sqrt();
+        // c = mean(dxhat · xhat) with dxhat = g·gamma, xhat = x·r.
+        let mut acc = 0.0f32;
+        for ((&v, &g), &w) in xr.iter().zip(gr).zip(gamma) {
+            acc += g * w * v;
+        }
+        let c = acc * r * r / h as f32;
+        for (((d, &v), &g), (&w, dg)) in dr
+            .iter_mut()
+            .zip(xr)
+            .zip(gr)
+            .zip(gamma.iter().zip(dgamma.iter_mut()))
+        {
+            *d = r * (g * w - v * c);
+            *dg += g * v * r;
+        }
+    }
+}
+
+// ----------------------------------------------------------------- SwiGLU
+
+#[multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
+fn swiglu_chunk(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g * fastmath::sigmoid(g) * u;
+    }
+}
+
+#[multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
+fn swiglu_backward_chunk(
+    gate: &[f32],
+    up: &[f32],
+    grad: &[f32],
+    dgate: &mut [f32],
+    dup: &mut [f32],
+) {
+    for ((((dg, du), &g), &u), &d) in dgate
+        .iter_mut()
+        .zip(dup.iter_mut())
+        .zip(gate)
+        .zip(up)
+        .zip(grad)
+    {
+        let s = fastmath::sigmoid(g);
+        *du = d * g * s;
+        *dg = d * u * s * (1.0 + g * (1.0 - s));
+    }
+}
+
+// --------------------------------------------------------------- attention
+
+/// Query rows per block: a block of queries needs keys up to its last row
+/// only, which skips most of the masked half of the score matrix.
+const QUERY_BLOCK: usize = 32;
+
+/// A raw pointer that may cross into rayon tasks. Every task writes only
+/// the (batch, head) slots it owns, so the writes never overlap.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+// SAFETY: used only for disjoint writes, see the type's comment.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn at(self, offset: usize) -> *mut f32 {
+        // SAFETY: callers stay inside the allocation this pointer came from.
+        unsafe { self.0.add(offset) }
+    }
+}
+
+/// Strided matrix operand for `gemm`: element `(i, j)` at
+/// `ptr + i·rs + j·cs`.
+#[derive(Clone, Copy)]
+struct Mat {
+    ptr: *const f32,
+    rs: isize,
+    cs: isize,
+}
+
+impl Mat {
+    fn t(self) -> Mat {
+        Mat {
+            ptr: self.ptr,
+            rs: self.cs,
+            cs: self.rs,
+        }
+    }
+}
+
+/// `dst (m×n) = [dst +] scale · lhs (m×k) · rhs (k×n)`.
+///
+/// # Safety
+/// Every operand must be valid for the index ranges its strides reach.
+#[allow(clippy::too_many_arguments)]
+unsafe fn mm(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    dst_rs: isize,
+    accumulate: bool,
+    lhs: Mat,
+    rhs: Mat,
+    scale: f32,
+) {
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            dst_rs,
+            accumulate,
+            lhs.ptr,
+            lhs.cs,
+            lhs.rs,
+            rhs.ptr,
+            rhs.cs,
+            rhs.rs,
+            1.0,
+            scale,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// Turns the scores of query rows `r0..r0+m` (row `i` of `s` holds keys
+/// `0..n`) into causal softmax probabilities in place; returns nothing,
+/// writes each row's log-sum-exp to `lse`.
+#[multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
+fn causal_softmax_rows(s: &mut [f32], n: usize, r0: usize, lse: &mut [f32]) {
+    for (i, (row, l)) in s.chunks_exact_mut(n).zip(lse.iter_mut()).enumerate() {
+        let visible = r0 + i + 1;
+        let (keep, masked) = row.split_at_mut(visible);
+        let m = max(keep);
+        let mut sum = 0.0f32;
+        for v in keep.iter_mut() {
+            *v = fastmath::exp(*v - m);
+            sum += *v;
+        }
+        let inv = 1.0 / sum;
+        for v in keep.iter_mut() {
+            *v *= inv;
+        }
+        masked.fill(0.0);
+        *l = m + sum.ln();
+    }
+}
+
+/// Recomputes probabilities from scores and saved log-sum-exps, then turns
+/// `dp` into `ds = p · (dp − δ)` in place (both `m × n`, row `i` at query
+/// `r0 + i`); `delta[i] = Σ_d dO·O` of the row.
+#[multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
+fn attention_grad_rows(
+    s: &mut [f32],
+    dp: &mut [f32],
+    n: usize,
+    r0: usize,
+    lse: &[f32],
+    delta: &[f32],
+) {
+    for (i, ((srow, dprow), (&l, &dl))) in s
+        .chunks_exact_mut(n)
+        .zip(dp.chunks_exact_mut(n))
+        .zip(lse.iter().zip(delta))
+        .enumerate()
+    {
+        let visible = r0 + i + 1;
+        for (p, d) in srow[..visible].iter_mut().zip(&mut dprow[..visible]) {
+            *p = fastmath::exp(*p - l);
+            *d = *p * (*d - dl);
+        }
+        srow[visible..].fill(0.0);
+        dprow[visible..].fill(0.0);
+    }
+}
+
+struct AttentionShape {
+    b: usize,
+    t: usize,
+    h: usize,
+    kv: usize,
+    d: usize,
+}
+
+impl AttentionShape {
+    fn of(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor) -> Self {
+        let [b, t, h, d] = dims(q, "causal_attention q");
+        let [kb, kt, kv, kd] = dims(k, "causal_attention k");
+        assert_eq!(
+            k.layout().shape(),
+            v.layout().shape(),
+            "causal_attention: k and v differ in shape"
+        );
+        assert!(
+            kb == b && kt == t && kd == d && kv > 0 && h % kv == 0,
+            "causal_attention: q [{b}, {t}, {h}, {d}] and k [{kb}, {kt}, {kv}, {kd}] do not fit"
+        );
+        Self { b, t, h, kv, d }
+    }
+    /// Row strides of q (and the output) and of k/v.
+    fn q_rs(&self) -> usize {
+        self.h * self.d
+    }
+    fn kv_rs(&self) -> usize {
+        self.kv * self.d
+    }
+    fn scale(&self) -> f32 {
+        1.0 / (self.d as f32).sqrt()
+    }
+}
+
+fn attention_forward(q: FlexTensor, k: FlexTensor, v: FlexTensor) -> (FlexTensor, FlexTensor) {
+    let sh = AttentionShape::of(&q, &k, &v);
+    let (q, k, v) = (dense(q), dense(k), dense(v));
+    let (qs, ks, vs) = (values(&q), values(&k), values(&v));
+    let AttentionShape { b, t, h, kv, d } = sh;
+    let rep = h / kv;
+    let mut out = vec![0.0f32; b * t * h * d];
+    let mut lse = vec![0.0f32; b * h * t];
+    let (out_p, lse_p) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
+    let (q_rs, kv_rs, scale) = (sh.q_rs() as isize, sh.kv_rs() as isize, sh.scale());
+    (0..b * kv).into_par_iter().for_each(|task| {
+        let (bi, g) = (task / kv, task % kv);
+        let mut s = vec![0.0f32; QUERY_BLOCK.min(t) * t];
+        let k_mat = Mat {
+            ptr: ks[(bi * t * kv + g) * d..].as_ptr(),
+            rs: kv_rs,
+            cs: 1,
+        };
+        let v_mat = Mat {
+            ptr: vs[(bi * t * kv + g) * d..].as_ptr(),
+            rs: kv_rs,
+            cs: 1,
+        };
+        for head in g * rep..(g + 1) * rep {
+            let q_off = (bi * t * h + head) * d;
+            let lse_off = (bi * h + head) * t;
+            for r0 in (0..t).step_by(QUERY_BLOCK) {
+                let m = QUERY_BLOCK.min(t - r0);
+                let n = r0 + m;
+                let q_mat = Mat {
+                    ptr: qs[q_off + r0 * h * d..].as_ptr(),
+                    rs: q_rs,
+                    cs: 1,
+                };
+                let s = &mut s[..m * n];
+                // SAFETY: the operands index inside q/k/v/out by
+                // construction of the offsets and strides above; `out` and
+                // `lse` rows of this head belong to this task alone.
+                unsafe {
+                    mm(
+                        m,
+                        n,
+                        d,
+                        s.as_mut_ptr(),
+                        n as isize,
+                        false,
+                        q_mat,
+                        k_mat.t(),
+                        scale,
+                    );
+                    let lse_rows = std::slice::from_raw_parts_mut(lse_p.at(lse_off + r0), m);
+                    causal_softmax_rows(s, n, r0, lse_rows);
+                    let p = Mat {
+                        ptr: s.as_ptr(),
+                        rs: n as isize,
+                        cs: 1,
+                    };
+                    mm(
+                        m,
+                        d,
+                        n,
+                        out_p.at(q_off + r0 * h * d),
+                        q_rs,
+                        false,
+                        p,
+                        v_mat,
+                        1.0,
+                    );
+                }
+            }
+        }
+    });
+    (tensor(out, [b, t, h, d]), tensor(lse, [b, h, t]))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_backward(
+    q: FlexTensor,
+    k: FlexTensor,
+    v: FlexTensor,
+    out: FlexTensor,
+    lse: FlexTensor,
+    grad: FlexTensor,
+) -> (FlexTensor, FlexTensor, FlexTensor) {
+    let sh = AttentionShape::of(&q, &k, &v);
+    let AttentionShape { b, t, h, kv, d } = sh;
+    let [lb, lh, lt] = dims(&lse, "causal_attention lse");
+    assert!(lb == b && lh == h && lt == t, "causal_attention: lse shape");
+    let (q, k, v, out, lse, grad) = (
+        dense(q),
+        dense(k),
+        dense(v),
+        dense(out),
+        dense(lse),
+        dense(grad),
+    );
+    let (qs, ks, vs, os, ls, gs) = (
+        values(&q),
+        values(&k),
+        values(&v),
+        values(&out),
+        values(&lse),
+        values(&grad),
+    );
+    let rep = h / kv;
+    let mut dq = vec![0.0f32; b * t * h * d];
+    let mut dk = vec![0.0f32; b * t * kv * d];
+    let mut dv = vec![0.0f32; b * t * kv * d];
+    let (dq_p, dk_p, dv_p) = (
+        Shared(dq.as_mut_ptr()),
+        Shared(dk.as_mut_ptr()),
+        Shared(dv.as_mut_ptr()),
+    );
+    let (q_rs, kv_rs, scale) = (sh.q_rs() as isize, sh.kv_rs() as isize, sh.scale());
+    (0..b * kv).into_par_iter().for_each(|task| {
+        let (bi, g) = (task / kv, task % kv);
+        let block = QUERY_BLOCK.min(t);
+        let mut s = vec![0.0f32; block * t];
+        let mut dp = vec![0.0f32; block * t];
+        let mut delta = vec![0.0f32; block];
+        let kv_off = (bi * t * kv + g) * d;
+        let k_mat = Mat {
+            ptr: ks[kv_off..].as_ptr(),
+            rs: kv_rs,
+            cs: 1,
+        };
+        let v_mat = Mat {
+            ptr: vs[kv_off..].as_ptr(),
+            rs: kv_rs,
+            cs: 1,
+        };
+        for head in g * rep..(g + 1) * rep {
+            let q_off = (bi * t * h + head) * d;
+            let lse_off = (bi * h + head) * t;
+            for r0 in (0..t).step_by(QUERY_BLOCK) {
+                let m = QUERY_BLOCK.min(t - r0);
+                let n = r0 + m;
+                let row0 = q_off + r0 * h * d;
+                let q_mat = Mat {
+                    ptr: qs[row0..].as_ptr(),
+                    rs: q_rs,
+                    cs: 1,
+                };
+                let do_mat = Mat {
+                    ptr: gs[row0..].as_ptr(),
+                    rs: q_rs,
+                    cs: 1,
+                };
+                for (i, dl) in delta[..m].iter_mut().enumerate() {
+                    let at = row0 + i * h * d;
+                    *dl = dot(&gs[at..at + d], &os[at..at + d]);
+                }
+                let (s, dp) = (&mut s[..m * n], &mut dp[..m * n]);
+                // SAFETY: as in the forward; dq rows of this head and the
+                // dk/dv rows of kv head `g` of batch `bi` belong to this task.
+                unsafe {
+                    mm(
+                        m,
+                        n,
+                        d,
+                        s.as_mut_ptr(),
+                        n as isize,
+                        false,
+                        q_mat,
+                        k_mat.t(),
+                        scale,
+                    );
+                    mm(
+                        m,
+                        n,
+                        d,
+                        dp.as_mut_ptr(),
+                        n as isize,
+                        false,
+                        do_mat,
+                        v_mat.t(),
+                        1.0,
+                    );
+                    attention_grad_rows(s, dp, n, r0, &ls[lse_off + r0..lse_off + n], &delta[..m]);
+                    let p = Mat {
+                        ptr: s.as_ptr(),
+                        rs: n as isize,
+                        cs: 1,
+                    };
+                    let ds = Mat {
+                        ptr: dp.as_ptr(),
+                        rs: n as isize,
+                        cs: 1,
+                    };
+                    // dV[0..n] += Pᵀ dO ; dK[0..n] += scale · dSᵀ Q ; dQ = scale · dS K.
+                    mm(n, d, m, dv_p.at(kv_off), kv_rs, true, p.t(), do_mat, 1.0);
+                    mm(n, d, m, dk_p.at(kv_off), kv_rs, true, ds.t(), q_mat, scale);
+                    mm(m, d, n, dq_p.at(row0), q_rs, false, ds, k_mat, scale);
+                }
+            }
+        }
+    });
+    (
+        tensor(dq, [b, t, h, d]),
+        tensor(dk, [b, t, kv, d]),
+        tensor(dv, [b, t, kv, d]),
+    )
+}
+
+// ------------------------------------------------ next-token log-prob head
+
+/// Forward of one row: `(log-prob of target, entropy, log-sum-exp)` of
+/// `softmax(row · inv_t)`.
+#[multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
+fn stats_row(row: &[f32], target: usize, inv_t: f32) -> (f32, f32, f32) {
+    let m = max(row) * inv_t;
+    let mut sum = [0.0f32; 8];
+    let mut weighted = [0.0f32; 8];
+    let (chunks, rest) = row.as_chunks::<8>();
+    for c in chunks {
+        for i in 0..8 {
+            let z = c[i] * inv_t;
+            let e = fastmath::exp(z - m);
+            sum[i] += e;
+            weighted[i] += e * z;
+        }
+    }
+    let (mut s, mut w) = (sum.iter().sum::<f32>(), weighted.iter().sum::<f32>());
+    for &x in rest {
+        let z = x * inv_t;
+        let e = fastmath::exp(z - m);
+        s += e;
+        w += e * z;
+    }
+    let lse = m + s.ln();
+    (row[target] * inv_t - lse, lse - w / s, lse)
+}
+
+/// Backward of one row: `d(logits)` from the gradients of the row's
+/// log-prob and entropy.
+#[multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
+#[allow(clippy::too_many_arguments)]
+fn stats_backward_row(
+    row: &[f32],
+    target: usize,
+    inv_t: f32,
+    lse: f32,
+    entropy: f32,
+    g_lp: f32,
+    g_h: f32,
+    out: &mut [f32],
+) {
+    // d lp / dz_j = δ_jt − p_j;  d H / dz_j = −p_j (z_j − lse + H).
+    for (o, &x) in out.iter_mut().zip(row) {
+        let z = x * inv_t;
+        let p = fastmath::exp(z - lse);
+        *o = -p * (g_lp + g_h * (z - lse + entropy)) * inv_t;
+    }
+    out[target] += g_lp * inv_t;
+}
+
+struct StatsShape {
+    b: usize,
+    t: usize,
+    v: usize,
+}
+
+impl StatsShape {
+    fn of(logits: &FlexTensor, tokens: &FlexTensor) -> Self {
+        let [b, t, v] = dims(logits, "next_token_stats logits");
+        let [tb, tt] = dims(tokens, "next_token_stats tokens");
+        assert!(
+            tb == b && tt == t && t >= 2,
+            "next_token_stats: logits [{b}, {t}, {v}] and tokens [{tb}, {tt}] do not fit"
+        );
+        Self { b, t, v }
+    }
+}
+
+fn check_targets(ids: &[usize], v: usize) {
+    if let Some(bad) = ids.iter().find(|&&id| id >= v) {
+        panic!("next_token_stats: token id {bad} is outside the vocabulary of {v}");
+    }
+}
+
+fn stats_forward(logits: FlexTensor, tokens: FlexTensor, inv_t: f64) -> (FlexTensor, FlexTensor) {
+    let StatsShape { b, t, v } = StatsShape::of(&logits, &tokens);
+    let ids = token_ids(tokens);
+    check_targets(&ids, v);
+    let logits = dense(logits);
+    let xs = values(&logits);
+    let inv_t = inv_t as f32;
+    let rows = b * (t - 1);
+    let mut stats = vec![0.0f32; rows * 2];
+    let mut lse = vec![0.0f32; rows];
+    let per = rows_per_task(rows, v);
+    stats
+        .par_chunks_mut(2 * per)
+        .zip(lse.par_chunks_mut(per))
+        .enumerate()
+        .for_each(|(chunk, (st, ls))| {
+            for (i, (pair, l)) in st.chunks_exact_mut(2).zip(ls.iter_mut()).enumerate() {
+                let r = chunk * per + i;
+                let (bi, ti) = (r / (t - 1), r % (t - 1));
+                let at = (bi * t + ti) * v;
+                let (lp, ent, lse) = stats_row(&xs[at..at + v], ids[bi * t + ti + 1], inv_t);
+                pair[0] = lp;
+                pair[1] = ent;
+                *l = lse;
+            }
+        });
+    (tensor(stats, [b, t - 1, 2]), tensor(lse, [b, t - 1]))
+}
+
+fn stats_backward(
+    logits: FlexTensor,
+    tokens: FlexTensor,
+    stats: FlexTensor,
+    lse: FlexTensor,
+    grad: FlexTensor,
+    inv_t: f64,
+) -> FlexTensor {
+    let StatsShape { b, t, v } = StatsShape::of(&logits, &tokens);
+    let ids = token_ids(tokens);
+    check_targets(&ids, v);
+    let (logits, stats, lse, grad) = (dense(logits), dense(stats), dense(lse), dense(grad));
+    let (xs, st, ls, gs) = (values(&logits), values(&stats), values(&lse), values(&grad));
+    assert_eq!(
+        gs.len(),
+        b * (t - 1) * 2,
+        "next_token_stats: gradient shape"
+    );
+    let inv_t = inv_t as f32;
+    let mut out = vec![0.0f32; b * t * v];
+    // One sequence per task: its last row (no next token) stays zero.
+    out.par_chunks_mut(t * v).enumerate().for_each(|(bi, seq)| {
+        for (ti, row_out) in seq.chunks_exact_mut(v).take(t - 1).enumerate() {
+            let r = bi * (t - 1) + ti;
+            let at = (bi * t + ti) * v;
+            stats_backward_row(
+                &xs[at..at + v],
+                ids[bi * t + ti + 1],
+                inv_t,
+                ls[r],
+                st[2 * r + 1],
+                gs[2 * r],
+                gs[2 * r + 1],
+                row_out,
+            );
+        }
+    });
+    tensor(out, [b, t, v])
+}
+
+impl PolicyKernels for Flex {
+    fn rms_norm(x: FlexTensor, gamma: FlexTensor, eps: f64) -> FlexTensor {
+        let [rows, hidden] = dims(&x, "rms_norm x");
+        let [hg] = dims(&gamma, "rms_norm gamma");
+        assert_eq!(
+            hg, hidden,
+            "rms_norm: gamma has {hg} entries for rows of {hidden}"
+        );
+        let (x, gamma) = (dense(x), dense(gamma));
+        let (xs, gs) = (values(&x), values(&gamma));
+        let mut out = vec![0.0f32; rows * hidden];
+        let per = rows_per_task(rows, hidden) * hidden;
+        out.par_chunks_mut(per)
+            .zip(xs.par_chunks(per))
+            .for_each(|(o, x)| rms_norm_rows(x, gs, eps as f32, o));
+        tensor(out, [rows, hidden])
+    }
+
+    fn rms_norm_backward(
+        x: FlexTensor,
+        gamma: FlexTensor,
+        grad: FlexTensor,
+        eps: f64,
+    ) -> (FlexTensor, FlexTensor) {
+        let [rows, hidden] = dims(&x, "rms_norm x");
+        let (x, gamma, grad) = (dense(x), dense(gamma), dense(grad));
+        let (xs, gs, ds) = (values(&x), values(&gamma), values(&grad));
+        let mut dx = vec![0.0f32; rows * hidden];
+        let per = rows_per_task(rows, hidden) * hidden;
+        let dgamma = dx
+            .par_chunks_mut(per)
+            .zip(xs.par_chunks(per).zip(ds.par_chunks(per)))
+            .map(|(dx, (x, g))| {
+                let mut dgamma = vec![0.0f32; hidden];
+                rms_norm_backward_rows(x, gs, g, eps as f32, dx, &mut dgamma);
+                dgamma
+            })
+            .reduce(
+                || vec![0.0f32; hidden],
+                |mut a, b| {
+                    a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+                    a
+                },
+            );
+        (tensor(dx, [rows, hidden]), tensor(dgamma, [hidden]))
+    }
+
+    fn swiglu(gate: FlexTensor, up: FlexTensor) -> FlexTensor {
+        let shape = gate.layout().shape().clone();
+        assert_eq!(
+            &shape,
+            up.layout().shape(),
+            "swiglu: gate and up differ in shape"
+        );
+        let (gate, up) = (dense(gate), dense(up));
+        let (gs, us) = (values(&gate), values(&up));
+        let mut out = vec![0.0f32; gs.len()];
+        let per = rows_per_task(gs.len(), 1);
+        out.par_chunks_mut(per)
+            .zip(gs.par_chunks(per).zip(us.par_chunks(per)))
+            .for_each(|(o, (g, u))| swiglu_chunk(g, u, o));
+        FlexTensor::new(
+            Bytes::from_elems(out),
+            Layout::contiguous(shape),
+            DType::F32,
+        )
+    }
+
+    fn swiglu_backward(
+        gate: FlexTensor,
+        up: FlexTensor,
+        grad: FlexTensor,
+    ) -> (FlexTensor, FlexTensor) {
+        let shape = gate.layout().shape().clone();
+        let (gate, up, grad) = (dense(gate), dense(up), dense(grad));
+        let (gs, us, ds) = (values(&gate), values(&up), values(&grad));
+        let mut dgate = vec![0.0f32; gs.len()];
+        let mut dup = vec![0.0f32; gs.len()];
+        let per = rows_per_task(gs.len(), 1);
+        dgate
+            .par_chunks_mut(per)
+            .zip(dup.par_chunks_mut(per))
+            .zip(
+                gs.par_chunks(per)
+                    .zip(us.par_chunks(per))
+                    .zip(ds.par_chunks(per)),
+            )
+            .for_each(|((dg, du), ((g, u), d))| swiglu_backward_chunk(g, u, d, dg, du));
+        let make = |v: Vec<f32>| {
+            FlexTensor::new(
+                Bytes::from_elems(v),
+                Layout::contiguous(shape.clone()),
+                DType::F32,
+            )
+        };
+        (make(dgate), make(dup))
+    }
+
+    fn causal_attention(q: FlexTensor, k: FlexTensor, v: FlexTensor) -> FlexTensor {
+        attention_forward(q, k, v).0
+    }
+
+    fn causal_attention_forward(
+        q: FlexTensor,
+        k: FlexTensor,
+        v: FlexTensor,
+    ) -> (FlexTensor, FlexTensor) {
+        attention_forward(q, k, v)
+    }
+
+    fn causal_attention_backward(
+        q: FlexTensor,
+        k: FlexTensor,
+        v: FlexTensor,
+        out: FlexTensor,
+        lse: FlexTensor,
+        grad: FlexTensor,
+    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+        attention_backward(q, k, v, out, lse, grad)
+    }
+
+    fn next_token_stats(
+        logits: FlexTensor,
+        tokens: FlexTensor,
+        inv_temperature: f64,
+    ) -> FlexTensor {
+        stats_forward(logits, tokens, inv_temperature).0
+    }
+
+    fn next_token_stats_forward(
+        logits: FlexTensor,
+        tokens: FlexTensor,
+        inv_temperature: f64,
+    ) -> (FlexTensor, FlexTensor) {
+        stats_forward(logits, tokens, inv_temperature)
+    }
+
+    fn next_token_stats_backward(
+        logits: FlexTensor,
+        tokens: FlexTensor,
+        stats: FlexTensor,
+        lse: FlexTensor,
+        grad: FlexTensor,
+        inv_temperature: f64,
+    ) -> FlexTensor {
+        stats_backward(logits, tokens, stats, lse, grad, inv_temperature)
+    }
+}
