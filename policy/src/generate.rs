@@ -89,7 +89,6 @@ impl Generation {
             return;
         }
         let device = policy.device();
-        let n = self.responses.len();
         let logits = match &mut self.cache {
             Some(cache) => {
                 let last: Vec<Vec<u32>> = self
@@ -99,7 +98,7 @@ impl Generation {
                     .collect();
                 policy
                     .model
-                    .forward(Policy::tokens(&last, &device), &policy.rope, Some(cache))
+                    .forward_last(Policy::tokens(&last, &device), &policy.rope, Some(cache))
             }
             None => {
                 let rows: Vec<Vec<u32>> = self
@@ -109,7 +108,7 @@ impl Generation {
                     .map(|(p, f)| p.iter().chain(f).copied().collect())
                     .collect();
                 let mut cache = KvCache::new(policy.config.num_hidden_layers);
-                let logits = policy.model.forward(
+                let logits = policy.model.forward_last(
                     Policy::tokens(&rows, &device),
                     &policy.rope,
                     Some(&mut cache),
@@ -118,10 +117,8 @@ impl Generation {
                 logits
             }
         };
-        let [_, t, v] = logits.dims();
+        let v = logits.dims()[1];
         let last: Vec<f32> = logits
-            .narrow(1, t - 1, 1)
-            .reshape([n, v])
             .into_data()
             .try_into_vec::<f32>()
             .expect("logits are f32");

@@ -12,18 +12,9 @@ use burn::{
     module::Initializer,
     nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig},
     prelude::*,
-    tensor::{
-        module::{attention, linear},
-        ops::AttentionModuleOptions,
-    },
 };
 
-use crate::{
-    cache::KvCache,
-    config::ModelConfig,
-    kernels::{self, reference::repeat_kv},
-    rope::Rope,
-};
+use crate::{cache::KvCache, config::ModelConfig, kernels, rope::Rope};
 
 /// HF's `initializer_range` default.
 const INIT_STD: f64 = 0.02;
@@ -75,67 +66,28 @@ impl Attention {
         cache: Option<(&mut KvCache, usize)>,
     ) -> Tensor<2> {
         let (nh, nkv, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let Some(cache) = cache else {
-            // Whole sequences (training, scoring): the fused kernel reads
-            // the projections in their own `[b, t, heads, hd]` layout.
-            let heads = |y: Tensor<2>, n: usize| y.reshape([b, t, n, hd]);
-            let q = rope.apply_seq_major(heads(self.q_proj.forward(x.clone()), nh), start);
-            let k = rope.apply_seq_major(heads(self.k_proj.forward(x.clone()), nkv), start);
-            let v = heads(self.v_proj.forward(x), nkv);
-            let out = kernels::causal_attention(q, k, v);
-            return self.o_proj.forward(out.reshape([b * t, nh * hd]));
+        // The fused kernels read the projections in their own
+        // `[b, t, heads, hd]` layout: no transpose is materialised.
+        let heads = |y: Tensor<2>, n: usize| y.reshape([b, t, n, hd]);
+        let q = rope.apply(heads(project(&self.q_proj, x.clone()), nh), start);
+        let k = rope.apply(heads(project(&self.k_proj, x.clone()), nkv), start);
+        let v = heads(project(&self.v_proj, x), nkv);
+        let out = match cache {
+            // Whole sequences (training, scoring).
+            None => kernels::causal_attention(q, k, v),
+            Some((c, layer)) => {
+                let (kc, vc) = c.append(layer, k, v);
+                kernels::cached_attention(q, kc, vc, start)
+            }
         };
-        let heads = |y: Tensor<2>, n: usize| y.reshape([b, t, n, hd]).swap_dims(1, 2);
-        let q = rope.apply(heads(self.q_proj.forward(x.clone()), nh), start);
-        let k = rope.apply(heads(self.k_proj.forward(x.clone()), nkv), start);
-        let v = heads(self.v_proj.forward(x), nkv);
-        let (c, layer) = cache;
-        let (k, v) = c.extend(layer, k, v);
-        let s = k.dims()[2];
-        let (k, v) = (repeat_kv(k, nh / nkv), repeat_kv(v, nh / nkv));
-        // Burn's causal flag aligns the top-left corner, which is right only
-        // when queries and keys start together; a decode step (t = 1) sees
-        // every cached key; a prefill after cached positions needs a mask.
-        let (mask, is_causal) = if t == 1 {
-            (None, false)
-        } else if s == t {
-            (None, true)
-        } else {
-            (
-                Some(offset_causal_mask(b, nh, t, s, s - t, &q.device())),
-                false,
-            )
-        };
-        let out = attention(
-            q,
-            k,
-            v,
-            mask,
-            None,
-            AttentionModuleOptions {
-                scale: None,
-                softcap: None,
-                is_causal,
-            },
-        );
-        self.o_proj
-            .forward(out.swap_dims(1, 2).reshape([b * t, nh * hd]))
+        project(&self.o_proj, out.reshape([b * t, nh * hd]))
     }
 }
 
-/// True where query `i` (absolute position `offset + i`) must not see key
-/// `j`, i.e. `j > offset + i`.
-fn offset_causal_mask(
-    b: usize,
-    h: usize,
-    t: usize,
-    s: usize,
-    offset: usize,
-    device: &Device,
-) -> Tensor<4, Bool> {
-    let rows = Tensor::<1, Int>::arange(offset as i64..(offset + t) as i64, device).reshape([t, 1]);
-    let cols = Tensor::<1, Int>::arange(0..s as i64, device).reshape([1, s]);
-    cols.greater(rows).unsqueeze::<4>().expand([b, h, t, s])
+/// A Burn `Linear` (its record is the HF checkpoint's projection) applied
+/// through [`kernels::linear`], which speeds up decoding.
+fn project(l: &Linear, x: Tensor<2>) -> Tensor<2> {
+    kernels::linear(x, l.weight.val(), l.bias.as_ref().map(|b| b.val()))
 }
 
 /// Burn's `RmsNorm` module (its record is the HF checkpoint's norm
@@ -162,9 +114,9 @@ impl Mlp {
     }
 
     fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let gate = self.gate_proj.forward(x.clone());
+        let gate = project(&self.gate_proj, x.clone());
         self.down_proj
-            .forward(kernels::swiglu(gate, self.up_proj.forward(x)))
+            .forward(kernels::swiglu(gate, project(&self.up_proj, x)))
     }
 }
 
@@ -228,8 +180,40 @@ impl Transformer {
         &self,
         tokens: Tensor<2, Int>,
         rope: &Rope,
-        mut cache: Option<&mut KvCache>,
+        cache: Option<&mut KvCache>,
     ) -> Tensor<3> {
+        let [b, t] = tokens.dims();
+        let logits = self.head(self.hidden(tokens, rope, cache));
+        let v = logits.dims()[1];
+        logits.reshape([b, t, v])
+    }
+
+    /// Logits `[batch, vocab]` of the last position only: what decoding
+    /// needs, without the LM head over the rest of a prompt.
+    pub fn forward_last(
+        &self,
+        tokens: Tensor<2, Int>,
+        rope: &Rope,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor<2> {
+        let [b, t] = tokens.dims();
+        let x = self.hidden(tokens, rope, cache);
+        let h = x.dims()[1];
+        let last = if t == 1 {
+            x
+        } else {
+            x.reshape([b, t, h]).narrow(1, t - 1, 1).reshape([b, h])
+        };
+        self.head(last)
+    }
+
+    /// The residual stream after the last layer, `[batch·seq, hidden]`.
+    fn hidden(
+        &self,
+        tokens: Tensor<2, Int>,
+        rope: &Rope,
+        mut cache: Option<&mut KvCache>,
+    ) -> Tensor<2> {
         let [b, t] = tokens.dims();
         let start = cache.as_ref().map_or(0, |c| c.len());
         // The residual stream is kept as `[batch·seq, hidden]` rows: every
@@ -259,13 +243,16 @@ impl Transformer {
         if let Some(c) = cache {
             c.advance(t);
         }
+        x
+    }
+
+    /// Final norm and LM head: `[rows, hidden]` → `[rows, vocab]`.
+    fn head(&self, x: Tensor<2>) -> Tensor<2> {
         let x = norm(&self.norm, x);
-        let logits = match &self.lm_head {
-            Some(head) => head.forward(x),
+        match &self.lm_head {
+            Some(head) => project(head, x),
             // Tied: the embedding matrix `[vocab, hidden]` read transposed.
-            None => linear(x, self.embed_tokens.weight.val().transpose(), None),
-        };
-        let v = logits.dims()[1];
-        logits.reshape([b, t, v])
+            None => kernels::linear(x, self.embed_tokens.weight.val().transpose(), None),
+        }
     }
 }

@@ -45,17 +45,10 @@ impl Rope {
         self.cos.dims()[0]
     }
 
-    /// Rotates `x` of shape `[batch, heads, seq, head_dim]` whose first
-    /// position is absolute position `start`.
+    /// Rotates `x` of shape `[batch, seq, heads, head_dim]` (the layout the
+    /// projections produce) whose first position is absolute position
+    /// `start`.
     pub fn apply(&self, x: Tensor<4>, start: usize) -> Tensor<4> {
-        let [_, _, t, d] = x.dims();
-        let (cos, sin) = self.tables(start, t);
-        Self::rotate(x, cos.unsqueeze::<4>(), sin.unsqueeze::<4>(), d)
-    }
-
-    /// As [`Rope::apply`] for `x` in the `[batch, seq, heads, head_dim]`
-    /// layout that the projections produce (the fused attention's).
-    pub fn apply_seq_major(&self, x: Tensor<4>, start: usize) -> Tensor<4> {
         let [_, t, _, d] = x.dims();
         let (cos, sin) = self.tables(start, t);
         let at = |table: Tensor<2>| table.reshape([1, t, 1, d]);

@@ -37,12 +37,18 @@ impl Default for SamplingParams {
 pub struct Sampler {
     params: SamplingParams,
     rng: SmallRng,
+    /// Scratch for one row's unnormalised probabilities.
+    weights: Vec<f64>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
         let rng = SmallRng::seed_from_u64(params.seed);
-        Self { params, rng }
+        Self {
+            params,
+            rng,
+            weights: Vec::new(),
+        }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -52,48 +58,56 @@ impl Sampler {
     pub fn sample(&mut self, logits: &[f32]) -> (u32, f32) {
         let p = &self.params;
         let t = if p.temperature > 0.0 {
-            p.temperature
+            f64::from(p.temperature)
         } else {
             1.0
         };
-        // log-softmax in f64 for the reported log-prob.
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let z: f64 = logits
-            .iter()
-            .map(|&l| ((l as f64 - max) / t as f64).exp())
-            .sum();
+        // One pass of exponentials, in f64 for the reported log-prob; they
+        // serve as the sampling weights too.
+        let max = f64::from(logits.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+        let weights = &mut self.weights;
+        weights.clear();
+        weights.extend(logits.iter().map(|&l| ((f64::from(l) - max) / t).exp()));
+        let z: f64 = weights.iter().sum();
         let log_z = z.ln();
-        let logp = |i: usize| ((logits[i] as f64 - max) / t as f64 - log_z) as f32;
+        let logp = |i: usize| ((f64::from(logits[i]) - max) / t - log_z) as f32;
         if p.temperature <= 0.0 {
             let best = argmax(logits);
             return (best as u32, logp(best));
         }
-        let mut idx: Vec<usize> = (0..logits.len()).collect();
-        let truncate = p.top_k > 0 || p.top_p < 1.0;
-        if truncate {
-            idx.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-            if p.top_k > 0 {
-                idx.truncate(p.top_k);
+        if p.top_k == 0 && p.top_p >= 1.0 {
+            let mut u = self.rng.random::<f64>() * z;
+            for (i, w) in weights.iter().enumerate() {
+                u -= w;
+                if u <= 0.0 {
+                    return (i as u32, logp(i));
+                }
             }
-            if p.top_p < 1.0 {
-                let mut mass = 0.0;
-                let keep = idx
-                    .iter()
-                    .position(|&i| {
-                        mass += (logp(i) as f64).exp();
-                        mass >= p.top_p as f64
-                    })
-                    .map_or(idx.len(), |k| k + 1);
-                idx.truncate(keep);
-            }
+            let last = logits.len() - 1;
+            return (last as u32, logp(last));
         }
-        let weights: Vec<f64> = idx.iter().map(|&i| (logp(i) as f64).exp()).collect();
-        let total: f64 = weights.iter().sum();
+        let mut idx: Vec<usize> = (0..logits.len()).collect();
+        idx.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        if p.top_k > 0 {
+            idx.truncate(p.top_k);
+        }
+        if p.top_p < 1.0 {
+            let mut mass = 0.0;
+            let keep = idx
+                .iter()
+                .position(|&i| {
+                    mass += weights[i] / z;
+                    mass >= f64::from(p.top_p)
+                })
+                .map_or(idx.len(), |k| k + 1);
+            idx.truncate(keep);
+        }
+        let total: f64 = idx.iter().map(|&i| weights[i]).sum();
         let mut u = self.rng.random::<f64>() * total;
-        for (k, w) in weights.iter().enumerate() {
-            u -= w;
+        for &i in &idx {
+            u -= weights[i];
             if u <= 0.0 {
-                return (idx[k] as u32, logp(idx[k]));
+                return (i as u32, logp(i));
             }
         }
         let last = *idx.last().expect("the vocabulary is not empty");

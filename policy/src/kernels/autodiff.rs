@@ -188,6 +188,27 @@ impl<B: Backend + PolicyKernels, C: CheckpointStrategy> PolicyKernels for Ad<B, 
         }
     }
 
+    fn few_rows_matmul(x: FloatTensor<Self>, weight: FloatTensor<Self>) -> FloatTensor<Self> {
+        constant::<B, C>(B::few_rows_matmul(
+            x.into_primitive(),
+            weight.into_primitive(),
+        ))
+    }
+
+    fn cached_attention(
+        q: FloatTensor<Self>,
+        k_cache: FloatTensor<Self>,
+        v_cache: FloatTensor<Self>,
+        offset: usize,
+    ) -> FloatTensor<Self> {
+        constant::<B, C>(B::cached_attention(
+            q.into_primitive(),
+            k_cache.into_primitive(),
+            v_cache.into_primitive(),
+            offset,
+        ))
+    }
+
     fn causal_attention_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,

@@ -342,26 +342,39 @@ fn attention_grad_rows(
 
 struct AttentionShape {
     b: usize,
+    /// Query positions.
     t: usize,
     h: usize,
     kv: usize,
     d: usize,
+    /// Key positions held by k and v (a cache may hold more than are
+    /// visible yet).
+    cap: usize,
 }
 
 impl AttentionShape {
-    fn of(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor) -> Self {
+    /// `offset`: absolute position of the first query; keys
+    /// `0..offset + t` must be present.
+    fn of(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, offset: usize) -> Self {
         let [b, t, h, d] = dims(q, "causal_attention q");
-        let [kb, kt, kv, kd] = dims(k, "causal_attention k");
+        let [kb, cap, kv, kd] = dims(k, "causal_attention k");
         assert_eq!(
             k.layout().shape(),
             v.layout().shape(),
             "causal_attention: k and v differ in shape"
         );
         assert!(
-            kb == b && kt == t && kd == d && kv > 0 && h % kv == 0,
-            "causal_attention: q [{b}, {t}, {h}, {d}] and k [{kb}, {kt}, {kv}, {kd}] do not fit"
+            kb == b && cap >= offset + t && kd == d && kv > 0 && h % kv == 0,
+            "causal_attention: q [{b}, {t}, {h}, {d}] at offset {offset} and k [{kb}, {cap}, {kv}, {kd}] do not fit"
         );
-        Self { b, t, h, kv, d }
+        Self {
+            b,
+            t,
+            h,
+            kv,
+            d,
+            cap,
+        }
     }
     /// Row strides of q (and the output) and of k/v.
     fn q_rs(&self) -> usize {
@@ -375,26 +388,88 @@ impl AttentionShape {
     }
 }
 
-fn attention_forward(q: FlexTensor, k: FlexTensor, v: FlexTensor) -> (FlexTensor, FlexTensor) {
-    let sh = AttentionShape::of(&q, &k, &v);
+/// Query rows below this count attend by direct dot products: a `gemm`
+/// call per row costs more than the row's arithmetic (decode steps).
+const DIRECT_ROWS: usize = 4;
+
+/// Attention of query rows one by one: `q` rows at stride `q_rs`, keys and
+/// values at stride `kv_rs`, row `i` seeing keys `0..=first + i`; writes
+/// output rows at stride `q_rs` and each row's log-sum-exp.
+#[multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
+#[allow(clippy::too_many_arguments)]
+fn attend_direct(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    (m, d, q_rs, kv_rs): (usize, usize, usize, usize),
+    first: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
+    for i in 0..m {
+        let qr = &q[i * q_rs..i * q_rs + d];
+        let n = first + i + 1;
+        let s = &mut scores[..n];
+        for (j, sj) in s.iter_mut().enumerate() {
+            *sj = scale * dot(qr, &k[j * kv_rs..j * kv_rs + d]);
+        }
+        let mx = max(s);
+        let mut sum = 0.0;
+        for sj in s.iter_mut() {
+            *sj = fastmath::exp(*sj - mx);
+            sum += *sj;
+        }
+        let inv = 1.0 / sum;
+        let or = &mut out[i * q_rs..i * q_rs + d];
+        or.fill(0.0);
+        for (j, &p) in s.iter().enumerate() {
+            let w = p * inv;
+            for (o, &x) in or.iter_mut().zip(&v[j * kv_rs..j * kv_rs + d]) {
+                *o += w * x;
+            }
+        }
+        lse[i] = mx + sum.ln();
+    }
+}
+
+/// Causal attention of `t` queries at absolute positions `offset..` over
+/// the first `offset + t` positions of k and v; see `AttentionShape`.
+fn attention_forward(
+    q: FlexTensor,
+    k: FlexTensor,
+    v: FlexTensor,
+    offset: usize,
+) -> (FlexTensor, FlexTensor) {
+    let sh = AttentionShape::of(&q, &k, &v, offset);
     let (q, k, v) = (dense(q), dense(k), dense(v));
     let (qs, ks, vs) = (values(&q), values(&k), values(&v));
-    let AttentionShape { b, t, h, kv, d } = sh;
+    let AttentionShape {
+        b,
+        t,
+        h,
+        kv,
+        d,
+        cap,
+    } = sh;
     let rep = h / kv;
     let mut out = vec![0.0f32; b * t * h * d];
     let mut lse = vec![0.0f32; b * h * t];
     let (out_p, lse_p) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
     let (q_rs, kv_rs, scale) = (sh.q_rs() as isize, sh.kv_rs() as isize, sh.scale());
+    let keys = offset + t;
     (0..b * kv).into_par_iter().for_each(|task| {
         let (bi, g) = (task / kv, task % kv);
-        let mut s = vec![0.0f32; QUERY_BLOCK.min(t) * t];
+        let mut s = vec![0.0f32; QUERY_BLOCK.min(t) * keys];
+        let kv_off = (bi * cap * kv + g) * d;
         let k_mat = Mat {
-            ptr: ks[(bi * t * kv + g) * d..].as_ptr(),
+            ptr: ks[kv_off..].as_ptr(),
             rs: kv_rs,
             cs: 1,
         };
         let v_mat = Mat {
-            ptr: vs[(bi * t * kv + g) * d..].as_ptr(),
+            ptr: vs[kv_off..].as_ptr(),
             rs: kv_rs,
             cs: 1,
         };
@@ -403,17 +478,35 @@ fn attention_forward(q: FlexTensor, k: FlexTensor, v: FlexTensor) -> (FlexTensor
             let lse_off = (bi * h + head) * t;
             for r0 in (0..t).step_by(QUERY_BLOCK) {
                 let m = QUERY_BLOCK.min(t - r0);
-                let n = r0 + m;
-                let q_mat = Mat {
-                    ptr: qs[q_off + r0 * h * d..].as_ptr(),
-                    rs: q_rs,
-                    cs: 1,
-                };
-                let s = &mut s[..m * n];
+                let n = offset + r0 + m;
+                let row0 = q_off + r0 * h * d;
                 // SAFETY: the operands index inside q/k/v/out by
                 // construction of the offsets and strides above; `out` and
                 // `lse` rows of this head belong to this task alone.
                 unsafe {
+                    let lse_rows = std::slice::from_raw_parts_mut(lse_p.at(lse_off + r0), m);
+                    if m < DIRECT_ROWS {
+                        let span = (m - 1) * h * d + d;
+                        let out_rows = std::slice::from_raw_parts_mut(out_p.at(row0), span);
+                        attend_direct(
+                            &qs[row0..row0 + span],
+                            &ks[kv_off..],
+                            &vs[kv_off..],
+                            (m, d, h * d, kv * d),
+                            offset + r0,
+                            scale,
+                            &mut s,
+                            out_rows,
+                            lse_rows,
+                        );
+                        continue;
+                    }
+                    let q_mat = Mat {
+                        ptr: qs[row0..].as_ptr(),
+                        rs: q_rs,
+                        cs: 1,
+                    };
+                    let s = &mut s[..m * n];
                     mm(
                         m,
                         n,
@@ -425,24 +518,13 @@ fn attention_forward(q: FlexTensor, k: FlexTensor, v: FlexTensor) -> (FlexTensor
                         k_mat.t(),
                         scale,
                     );
-                    let lse_rows = std::slice::from_raw_parts_mut(lse_p.at(lse_off + r0), m);
-                    causal_softmax_rows(s, n, r0, lse_rows);
+                    causal_softmax_rows(s, n, offset + r0, lse_rows);
                     let p = Mat {
                         ptr: s.as_ptr(),
                         rs: n as isize,
                         cs: 1,
                     };
-                    mm(
-                        m,
-                        d,
-                        n,
-                        out_p.at(q_off + r0 * h * d),
-                        q_rs,
-                        false,
-                        p,
-                        v_mat,
-                        1.0,
-                    );
+                    mm(m, d, n, out_p.at(row0), q_rs, false, p, v_mat, 1.0);
                 }
             }
         }
@@ -459,8 +541,19 @@ fn attention_backward(
     lse: FlexTensor,
     grad: FlexTensor,
 ) -> (FlexTensor, FlexTensor, FlexTensor) {
-    let sh = AttentionShape::of(&q, &k, &v);
-    let AttentionShape { b, t, h, kv, d } = sh;
+    let sh = AttentionShape::of(&q, &k, &v, 0);
+    let AttentionShape {
+        b,
+        t,
+        h,
+        kv,
+        d,
+        cap,
+    } = sh;
+    assert_eq!(
+        cap, t,
+        "causal_attention backward: keys and queries differ in length"
+    );
     let [lb, lh, lt] = dims(&lse, "causal_attention lse");
     assert!(lb == b && lh == h && lt == t, "causal_attention: lse shape");
     let (q, k, v, out, lse, grad) = (
@@ -577,6 +670,58 @@ fn attention_backward(
         tensor(dk, [b, t, kv, d]),
         tensor(dv, [b, t, kv, d]),
     )
+}
+
+// ------------------------------------------------------ few-rows matmul
+
+fn few_rows_matmul(x: FlexTensor, w: FlexTensor) -> FlexTensor {
+    let [m, k] = dims(&x, "few_rows_matmul x");
+    let [wk, n] = dims(&w, "few_rows_matmul weight");
+    assert_eq!(
+        wk, k,
+        "few_rows_matmul: x has {k} columns, the weight {wk} rows"
+    );
+    assert_eq!(w.dtype(), DType::F32, "few_rows_matmul: f32 weights only");
+    let x = dense(x);
+    let xs = values(&x);
+    let w = if w.layout().strides().iter().all(|&s| s > 0) {
+        w
+    } else {
+        w.to_contiguous()
+    };
+    let (w_rs, w_cs) = {
+        let st = w.layout().strides();
+        (st[0], st[1])
+    };
+    let ws = &w.storage::<f32>()[w.layout().start_offset()..];
+    let mut y = vec![0.0f32; m * n];
+    // yᵀ (n×m) = Wᵀ (n×k) · xᵀ (k×m): the weight is the left operand,
+    // which gemm reads in place when its rows are contiguous.
+    // SAFETY: strides and extents come from the tensors' own layouts.
+    unsafe {
+        gemm::gemm(
+            n,
+            m,
+            k,
+            y.as_mut_ptr(),
+            n as isize,
+            1,
+            false,
+            ws.as_ptr(),
+            w_rs,
+            w_cs,
+            xs.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(0),
+        );
+    }
+    tensor(y, [m, n])
 }
 
 // ------------------------------------------------ next-token log-prob head
@@ -823,7 +968,20 @@ impl PolicyKernels for Flex {
     }
 
     fn causal_attention(q: FlexTensor, k: FlexTensor, v: FlexTensor) -> FlexTensor {
-        attention_forward(q, k, v).0
+        attention_forward(q, k, v, 0).0
+    }
+
+    fn few_rows_matmul(x: FlexTensor, weight: FlexTensor) -> FlexTensor {
+        few_rows_matmul(x, weight)
+    }
+
+    fn cached_attention(
+        q: FlexTensor,
+        k_cache: FlexTensor,
+        v_cache: FlexTensor,
+        offset: usize,
+    ) -> FlexTensor {
+        attention_forward(q, k_cache, v_cache, offset).0
     }
 
     fn causal_attention_forward(
@@ -831,7 +989,7 @@ impl PolicyKernels for Flex {
         k: FlexTensor,
         v: FlexTensor,
     ) -> (FlexTensor, FlexTensor) {
-        attention_forward(q, k, v)
+        attention_forward(q, k, v, 0)
     }
 
     fn causal_attention_backward(

@@ -52,6 +52,53 @@ pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     out.swap_dims(1, 2)
 }
 
+/// `q` `[b, t, heads, d]` at positions `offset..offset+t` over the first
+/// `offset + t` positions of caches `[b, capacity, kv_heads, d]`.
+pub fn cached_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, offset: usize) -> Tensor<4> {
+    let [b, t, h, _] = q.dims();
+    let s = offset + t;
+    let rep = h / k.dims()[2];
+    let heads_first = |x: Tensor<4>| x.narrow(1, 0, s).swap_dims(1, 2);
+    // Burn's causal flag aligns the top-left corner: right only when
+    // queries and keys start together; a single query sees every key.
+    let (mask, is_causal) = match (t, offset) {
+        (1, _) => (None, false),
+        (_, 0) => (None, true),
+        _ => (
+            Some(offset_causal_mask(b, h, t, s, offset, &q.device())),
+            false,
+        ),
+    };
+    let out = attention(
+        q.swap_dims(1, 2),
+        repeat_kv(heads_first(k), rep),
+        repeat_kv(heads_first(v), rep),
+        mask,
+        None,
+        AttentionModuleOptions {
+            scale: None,
+            softcap: None,
+            is_causal,
+        },
+    );
+    out.swap_dims(1, 2)
+}
+
+/// True where query `i` (absolute position `offset + i`) must not see key
+/// `j`, i.e. `j > offset + i`.
+fn offset_causal_mask(
+    b: usize,
+    h: usize,
+    t: usize,
+    s: usize,
+    offset: usize,
+    device: &Device,
+) -> Tensor<4, Bool> {
+    let rows = Tensor::<1, Int>::arange(offset as i64..(offset + t) as i64, device).reshape([t, 1]);
+    let cols = Tensor::<1, Int>::arange(0..s as i64, device).reshape([1, s]);
+    cols.greater(rows).unsqueeze::<4>().expand([b, h, t, s])
+}
+
 /// `[b, t-1, 2]`: next-token log-prob and entropy per position.
 pub fn next_token_stats(logits: Tensor<3>, tokens: Tensor<2, Int>, temperature: f32) -> Tensor<3> {
     let t = tokens.dims()[1];

@@ -245,3 +245,48 @@ fn kernels_leave_untracked_inputs_untracked() {
     assert!(x.grad(&y).is_none());
     assert!(gamma.grad(&y).is_some());
 }
+
+#[test]
+fn cached_attention_matches_composition() {
+    let d = plain();
+    let (b, h, kv, hd, cap) = (2, 4, 2, 8, 80);
+    let k = random([b, cap, kv, hd], &d);
+    let v = random([b, cap, kv, hd], &d);
+    // A prefill from zero, a prefill after cached positions (gemm blocks
+    // and the direct path), and single decode steps.
+    for (offset, t) in [(0, 40), (5, 37), (17, 3), (63, 1), (0, 1)] {
+        let q = random([b, t, h, hd], &d);
+        close(
+            cached_attention(q.clone(), k.clone(), v.clone(), offset),
+            reference::cached_attention(q, k.clone(), v.clone(), offset),
+            1e-5,
+            &format!("cached attention offset {offset} t {t}"),
+        );
+    }
+}
+
+#[test]
+fn few_rows_linear_matches_matmul_for_both_weight_layouts() {
+    let d = plain();
+    for rows in [1, 7, 16, 64, 65] {
+        let x = random([rows, 24], &d);
+        let w = random([24, 40], &d);
+        let bias = random([40], &d);
+        let want = x.clone().matmul(w.clone()) + bias.clone().unsqueeze();
+        close(
+            linear(x.clone(), w, Some(bias)),
+            want,
+            1e-5,
+            "row-major weight",
+        );
+        // A transposed view, as the tied LM head reads the embedding.
+        let e = random([40, 24], &d);
+        let want = x.clone().matmul(e.clone().transpose());
+        close(
+            linear(x, e.transpose(), None),
+            want,
+            1e-5,
+            "transposed weight",
+        );
+    }
+}
