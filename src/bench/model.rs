@@ -217,7 +217,9 @@ pub fn run(a: ModelBenchArgs) -> anyhow::Result<()> {
         a.batch, a.seq, a.prompt, a.new_tokens
     );
     let sgemm = sgemm_gflops();
-    println!("machine: 1024^3 f32 matmul in Burn flex {sgemm:.1} GFLOP/s");
+    println!(
+        "machine: 1024^3 f32 matmul in Burn flex {sgemm:.1} GFLOP/s; \"% peak\" is against the best 1024^3 matmul of flex and XLA on this machine"
+    );
     for name in a.configs.split(',') {
         let c = ModelConfig::preset(name.trim())?;
         println!(
@@ -236,8 +238,13 @@ pub fn run(a: ModelBenchArgs) -> anyhow::Result<()> {
         };
         println!(
             "{:<28} {:>12} {:>10} {:>12} {:>10} {:>10}",
-            "", "burn tok/s", "GFLOP/s", "jax tok/s", "burn/jax", "% sgemm"
+            "", "burn tok/s", "GFLOP/s", "jax tok/s", "burn/jax", "% peak"
         );
+        // The practical peak: the faster of the two 1024³ matmuls.
+        let peak = jax
+            .as_ref()
+            .and_then(|j| j["sgemm_gflops"].as_f64())
+            .map_or(sgemm, |j| j.max(sgemm));
         let jtrain = jax
             .as_ref()
             .and_then(|j| j["train"]["tokens_per_s"].as_f64());
@@ -253,7 +260,7 @@ pub fn run(a: ModelBenchArgs) -> anyhow::Result<()> {
                 gf,
                 js,
                 ratio,
-                100.0 * gf / sgemm
+                100.0 * gf / peak
             );
         };
         row(
