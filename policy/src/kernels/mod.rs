@@ -123,11 +123,15 @@ pub trait PolicyKernels: Backend {
 }
 
 /// Whether the fused CPU kernels serve tensors on `device`.
+/// `BAPO_FUSED_KERNELS=0` turns them off (the composed ops run instead), to
+/// compare the two on a real workload.
 fn fused(device: &Device) -> bool {
-    matches!(
-        device.clone().without_autodiff().as_dispatch(),
-        DispatchDevice::Flex(_)
-    )
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("BAPO_FUSED_KERNELS").map_or(true, |v| v != "0"))
+        && matches!(
+            device.clone().without_autodiff().as_dispatch(),
+            DispatchDevice::Flex(_)
+        )
 }
 
 /// RMSNorm of each row of `x` `[rows, hidden]` with scale `gamma`.
