@@ -50,6 +50,8 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Before any worker thread exists, so all of them inherit it.
+    bapo_policy::denormals::flush_denormals_to_zero();
     match Cli::parse().command {
         // A pure computation: no runtime, and stdout holds only its JSON.
         Command::Loss(args) => commands::loss::run(args),

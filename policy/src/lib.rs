@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod denormals;
 pub mod evaluate;
 pub mod generate;
 pub mod hf;
