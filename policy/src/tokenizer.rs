@@ -134,21 +134,28 @@ mod tests {
 
     #[test]
     fn the_shipped_char_tokenizer_is_the_built_one() {
-        let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/char-tokenizer.json");
+        // Read at run time: the compile-time value goes stale when a shared
+        // target dir built the same sources in another checkout.
+        let shipped = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(
+                || env!("CARGO_MANIFEST_DIR").into(),
+                std::path::PathBuf::from,
+            )
+            .join("assets/char-tokenizer.json");
         let tmp = tempfile::tempdir().unwrap();
         let fresh = tmp.path().join("t.json");
         TextTokenizer::char_level().save(&fresh).unwrap();
         let fresh = std::fs::read_to_string(fresh).unwrap();
         if std::env::var_os("BAPO_REGENERATE").is_some() {
-            std::fs::write(shipped, &fresh).unwrap();
+            std::fs::write(&shipped, &fresh).unwrap();
         }
-        let on_disk = std::fs::read_to_string(shipped)
+        let on_disk = std::fs::read_to_string(&shipped)
             .expect("assets/char-tokenizer.json (regenerate with BAPO_REGENERATE=1)");
         assert_eq!(
             on_disk, fresh,
             "regenerate with BAPO_REGENERATE=1 cargo test -p bapo-policy"
         );
-        let loaded = TextTokenizer::from_file(Path::new(shipped)).unwrap();
+        let loaded = TextTokenizer::from_file(&shipped).unwrap();
         assert_eq!(loaded.encode("1+1=2").unwrap(), vec![20, 14, 20, 32, 21]);
     }
 }

@@ -15,7 +15,10 @@ struct Reference {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    // Read at run time: the compile-time value goes stale when a shared
+    // target dir built the same sources in another checkout.
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
         .join("tests/fixtures")
         .join(name)
 }

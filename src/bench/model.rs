@@ -163,7 +163,11 @@ fn jax_python(a: &ModelBenchArgs) -> Option<PathBuf> {
 
 fn run_jax(python: &PathBuf, c: &ModelConfig, a: &ModelBenchArgs) -> anyhow::Result<Value> {
     let cfg = c.to_hf_json();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/bench_model_jax.py");
+    // `cargo run` sets it at run time; prefer that over the compile-time
+    // path, which is stale when a shared target dir served another checkout.
+    let script = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+        .join("scripts/bench_model_jax.py");
     let out = Command::new(python)
         .arg(&script)
         .args(["--config", &cfg.to_string()])
