@@ -284,12 +284,13 @@ pub async fn run(args: StudyArgs) -> anyhow::Result<()> {
         .ok()
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    let json = serde_json::json!({"commit": commit, "summary": summarise(&rows), "rows": rows});
+    let cells = summarise(&rows);
+    let json = serde_json::json!({"commit": commit, "summary": cells, "rows": rows});
     std::fs::write(
         args.out.join("study.json"),
         serde_json::to_string_pretty(&json)?,
     )?;
-    write_report(&args.out, &rows, commit.as_deref(), &stale, &algos)?;
+    write_report(&args.out, &rows, &cells, commit.as_deref(), &stale, &algos)?;
     eprintln!("study report: {}", args.out.join("report.html").display());
     Ok(())
 }
@@ -297,6 +298,7 @@ pub async fn run(args: StudyArgs) -> anyhow::Result<()> {
 fn write_report(
     out: &Path,
     rows: &[Row],
+    cells: &[Cell],
     commit: Option<&str>,
     stale: &[u64],
     algos: &[String],
@@ -312,7 +314,7 @@ fn write_report(
         "<p>Made with <code>bapo study</code> at commit <code>{}</code>.</p>",
         commit.unwrap_or("unknown")
     )?;
-    write_summary_table(&mut html, &summarise(rows))?;
+    write_summary_table(&mut html, cells)?;
     html.push_str("<h2>Every run</h2>");
     html.push_str(
         "<table><tr><th>algo</th><th>max staleness</th><th>seed</th><th>warm start acc</th>\
@@ -366,21 +368,27 @@ fn write_report(
                     if pts.is_empty() {
                         return None;
                     }
-                    let seeds = if runs.len() > 1 {
-                        format!(", mean of {} seeds", runs.len())
+                    let smoothed = key != "eval_accuracy" && pts.len() > 100;
+                    let mut notes = Vec::new();
+                    if smoothed {
+                        notes.push("mean of 25 steps".to_string());
+                    }
+                    if runs.len() > 1 {
+                        notes.push(format!("mean of {} seeds", runs.len()));
+                    }
+                    let label = if notes.is_empty() {
+                        a.clone()
                     } else {
-                        String::new()
+                        format!("{a} ({})", notes.join(", "))
                     };
-                    Some(if key != "eval_accuracy" && pts.len() > 100 {
-                        (
-                            format!("{a} (mean of 25 steps{seeds})"),
-                            report::smooth(&pts, 25),
-                        )
-                    } else if seeds.is_empty() {
-                        (a.clone(), pts)
-                    } else {
-                        (format!("{a} ({})", seeds.trim_start_matches(", ")), pts)
-                    })
+                    Some((
+                        label,
+                        if smoothed {
+                            report::smooth(&pts, 25)
+                        } else {
+                            pts
+                        },
+                    ))
                 })
                 .collect();
             if series.is_empty() {
