@@ -28,3 +28,15 @@ pub use generate::{Finish, Generation, Response};
 pub use policy::Policy;
 pub use sampling::SamplingParams;
 pub use spec::ModelSpec;
+
+/// This crate's directory, for tests that read its files. Taken at run time
+/// (cargo sets it for tests): the compile-time value goes stale when a
+/// shared target dir built the same sources in another checkout, since
+/// cargo does not rebuild a test because its workspace moved.
+#[cfg(test)]
+pub(crate) fn crate_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        std::path::PathBuf::from,
+    )
+}

@@ -134,14 +134,7 @@ mod tests {
 
     #[test]
     fn the_shipped_char_tokenizer_is_the_built_one() {
-        // Read at run time: the compile-time value goes stale when a shared
-        // target dir built the same sources in another checkout.
-        let shipped = std::env::var_os("CARGO_MANIFEST_DIR")
-            .map_or_else(
-                || env!("CARGO_MANIFEST_DIR").into(),
-                std::path::PathBuf::from,
-            )
-            .join("assets/char-tokenizer.json");
+        let shipped = crate::crate_dir().join("assets/char-tokenizer.json");
         let tmp = tempfile::tempdir().unwrap();
         let fresh = tmp.path().join("t.json");
         TextTokenizer::char_level().save(&fresh).unwrap();

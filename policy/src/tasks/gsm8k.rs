@@ -241,11 +241,7 @@ mod tests {
 
     /// Where the shared GSM8K copy lives, relative to this crate.
     fn shared_gsm8k() -> PathBuf {
-        // Read at run time: the compile-time value goes stale when a shared
-        // target dir built the same sources in another checkout.
-        std::env::var_os("CARGO_MANIFEST_DIR")
-            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
-            .join("../../shared/data/gsm8k/test.jsonl")
+        crate::crate_dir().join("../../shared/data/gsm8k/test.jsonl")
     }
 
     const SAMPLE: &str = r#"{"question": "Janet has 16 eggs and eats 3. How many are left?", "answer": "16 - 3 = <<16-3=13>>13\n#### 13"}
