@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use anyhow::Context;
 use bapo_policy::{
     Policy,
     burn::{
@@ -11,9 +12,10 @@ use bapo_policy::{
         optim::{AdamWConfig, GradientsParams},
         prelude::*,
     },
+    evaluate::evaluate,
     logprob::next_token_logprobs,
     rope::Rope,
-    tasks::Task,
+    tasks::{Problem, Task},
     tokenizer::TextTokenizer,
 };
 use serde::{Deserialize, Serialize};
@@ -35,6 +37,17 @@ pub struct SftConfig {
     pub max_grad_norm: f64,
     /// First training-problem index; RL draws its own at random.
     pub first_problem: u64,
+    /// Stop once greedy accuracy on `check_problems` training problems
+    /// reaches this (0 never stops early). How fast a seed learns varies a
+    /// lot, so a fixed step count lands the warm start anywhere between
+    /// "barely competent" and "nothing left for RL"; a target lands every
+    /// seed at the same competence. `steps` stays the cap and still sets
+    /// the learning-rate schedule.
+    pub target_accuracy: f64,
+    /// Steps between two accuracy checks.
+    pub check_every: u64,
+    /// Training problems (indices 0..n, never held out) a check decodes.
+    pub check_problems: usize,
 }
 
 impl Default for SftConfig {
@@ -47,7 +60,38 @@ impl Default for SftConfig {
             weight_decay: 0.01,
             max_grad_norm: 1.0,
             first_problem: 1 << 40,
+            target_accuracy: 0.0,
+            check_every: 100,
+            check_problems: 200,
         }
+    }
+}
+
+impl SftConfig {
+    /// Names the first field that cannot work.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.batch > 0, "[sft] batch must be positive");
+        anyhow::ensure!(
+            self.lr.is_finite() && self.lr > 0.0,
+            "[sft] lr must be a positive number, got {}",
+            self.lr
+        );
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.target_accuracy),
+            "[sft] target_accuracy must be in 0..=1, got {}",
+            self.target_accuracy
+        );
+        if self.target_accuracy > 0.0 {
+            anyhow::ensure!(
+                self.check_every > 0,
+                "[sft] check_every must be positive when target_accuracy is set"
+            );
+            anyhow::ensure!(
+                self.check_problems > 0,
+                "[sft] check_problems must be positive when target_accuracy is set"
+            );
+        }
+        Ok(())
     }
 }
 
@@ -57,9 +101,12 @@ pub struct SftStep {
     /// Mean negative log-likelihood per supervised token.
     pub nll: f64,
     pub tokens_per_s: f64,
+    /// Greedy accuracy on the check problems, on the steps that check.
+    pub accuracy: Option<f64>,
 }
 
-/// Trains `policy` on `task`'s solutions; `on_step` sees every step.
+/// Trains `policy` on `task`'s solutions; `on_step` sees every step. Stops
+/// after `cfg.steps`, or at the first check that meets `cfg.target_accuracy`.
 pub fn sft(
     policy: Policy,
     tokenizer: &TextTokenizer,
@@ -88,6 +135,8 @@ pub fn sft(
         decay_steps: cfg.steps.saturating_sub(cfg.warmup_steps),
         min_lr_ratio: 0.1,
     };
+    cfg.validate()?;
+    let check = Check::new(task, tokenizer, cfg.check_problems)?;
     let mut next = cfg.first_problem;
     for step in 0..cfg.steps {
         let t0 = Instant::now();
@@ -128,11 +177,59 @@ pub fn sft(
         let mut grads = GradientsParams::from_grads(nll.backward(), &model);
         clip_global_norm(&model, &mut grads, cfg.max_grad_norm);
         model = optim.step(schedule.at(step), model, grads);
+        let tokens_per_s = (rows.len() * t) as f64 / t0.elapsed().as_secs_f64();
+        let accuracy =
+            (cfg.target_accuracy > 0.0 && (step + 1) % cfg.check_every == 0).then(|| {
+                let p = Policy::with_model(config.clone(), model.valid(), &plain);
+                check.accuracy(&p, tokenizer, task, stop)
+            });
         on_step(SftStep {
             step: step + 1,
             nll: nll_value,
-            tokens_per_s: (rows.len() * t) as f64 / t0.elapsed().as_secs_f64(),
+            tokens_per_s,
+            accuracy,
         });
+        if accuracy.is_some_and(|a| a >= cfg.target_accuracy) {
+            break;
+        }
     }
     Ok(Policy::with_model(config, model.valid(), &plain))
+}
+
+/// The fixed training problems the early stop decodes, and how long their
+/// answers can be (so the check needs no generation setting of its own).
+struct Check {
+    problems: Vec<Problem>,
+    max_new_tokens: usize,
+}
+
+impl Check {
+    fn new(task: &dyn Task, tokenizer: &TextTokenizer, n: usize) -> anyhow::Result<Self> {
+        let problems: Vec<Problem> = (0..n as u64).map(|i| task.train_problem(i)).collect();
+        let mut longest = 0;
+        for p in &problems {
+            let len = tokenizer
+                .encode(&p.solution)
+                .with_context(|| format!("encoding the solution of {}", p.id))?
+                .len();
+            longest = longest.max(len);
+        }
+        Ok(Self {
+            problems,
+            max_new_tokens: longest + 1,
+        })
+    }
+
+    fn accuracy(&self, policy: &Policy, tok: &TextTokenizer, task: &dyn Task, stop: u32) -> f64 {
+        evaluate(
+            policy,
+            tok,
+            task,
+            &self.problems,
+            self.max_new_tokens,
+            &[stop],
+            1,
+        )
+        .greedy_accuracy
+    }
 }

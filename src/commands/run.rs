@@ -86,6 +86,10 @@ pub struct RunSummary {
     pub final_pass_at_k: Option<f64>,
     pub pass_k: usize,
     pub eval_problems: usize,
+    /// Supervised steps of the warm start this run made (none with `--init`
+    /// or `sft = false`).
+    #[serde(default)]
+    pub sft_steps: Option<u64>,
     pub sft_seconds: f64,
     pub rl_seconds: f64,
     pub total_seconds: f64,
@@ -270,6 +274,7 @@ pub async fn run_to_summary(args: &RunArgs) -> anyhow::Result<RunSummary> {
 
     // 1. Warm start.
     let t_sft = Instant::now();
+    let mut sft_steps = None;
     if let Some(init) = &args.init {
         cfg.model = ModelSpec::from_dir(init.clone());
     } else if cfg.run.sft {
@@ -280,10 +285,14 @@ pub async fn run_to_summary(args: &RunArgs) -> anyhow::Result<RunSummary> {
         let s = tokio::task::spawn_blocking(move || sft::warm_start(&c, &d, 0, quiet))
             .await
             .context("warm start panicked")??;
+        let acc = s
+            .train_accuracy
+            .map_or(String::new(), |a| format!(", train accuracy {a:.3}"));
         eprintln!(
-            "warm start: {} steps, final nll {:.3}, {:.0} s",
+            "warm start: {} steps, final nll {:.3}{acc}, {:.0} s",
             s.steps, s.final_nll, s.seconds
         );
+        sft_steps = Some(s.steps);
         cfg.model = ModelSpec::from_dir(sft_dir);
     }
     let sft_seconds = t_sft.elapsed().as_secs_f64();
@@ -509,6 +518,7 @@ pub async fn run_to_summary(args: &RunArgs) -> anyhow::Result<RunSummary> {
         final_pass_at_k: fin.pass_at_k,
         pass_k: cfg.run.pass_k,
         eval_problems: fin.problems,
+        sft_steps,
         sft_seconds,
         rl_seconds,
         total_seconds: t_start.elapsed().as_secs_f64(),

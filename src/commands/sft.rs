@@ -33,7 +33,11 @@ pub struct SftArgs {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct SftSummary {
+    /// Steps run: `[sft] steps`, or fewer when the target accuracy was met.
     pub steps: u64,
+    /// The last check's greedy accuracy on training problems (with
+    /// `[sft] target_accuracy`).
+    pub train_accuracy: Option<f64>,
     pub final_nll: f64,
     pub accuracy_before: f64,
     pub accuracy_after: f64,
@@ -76,11 +80,22 @@ pub fn warm_start(
             .expect("valid template"),
     );
     let mut last = SftStep::default();
+    let mut train_accuracy = None;
     let policy = sft(policy, &tokenizer, &*task, stop[0], &cfg.sft, |s| {
         bar.set_position(s.step);
-        bar.set_message(format!("nll {:.3}  {:.0} tok/s", s.nll, s.tokens_per_s));
-        if quiet && s.step % 50 == 0 {
-            tracing::info!(step = s.step, nll = s.nll, "sft");
+        train_accuracy = s.accuracy.or(train_accuracy);
+        let acc = train_accuracy.map_or(String::new(), |a| format!("  train acc {a:.2}"));
+        bar.set_message(format!(
+            "nll {:.3}{acc}  {:.0} tok/s",
+            s.nll, s.tokens_per_s
+        ));
+        if quiet && (s.step % 50 == 0 || s.accuracy.is_some()) {
+            tracing::info!(
+                step = s.step,
+                nll = s.nll,
+                train_accuracy = s.accuracy,
+                "sft"
+            );
         }
         last = s;
     })?;
@@ -89,7 +104,8 @@ pub fn warm_start(
     hf::save(&policy, out).with_context(|| format!("writing {}", out.display()))?;
     tokenizer.save(&out.join("tokenizer.json"))?;
     Ok(SftSummary {
-        steps: cfg.sft.steps,
+        steps: last.step,
+        train_accuracy,
         final_nll: last.nll,
         accuracy_before: before.greedy_accuracy,
         accuracy_after: after.greedy_accuracy,

@@ -424,6 +424,7 @@ mod tests {
                 final_pass_at_k: Some(fin + 0.2),
                 pass_k: 8,
                 eval_problems: 100,
+                sft_steps: None,
                 sft_seconds: 0.0,
                 rl_seconds: 10.0 * (seed + 1) as f64,
                 total_seconds: 0.0,
