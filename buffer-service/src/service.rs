@@ -156,6 +156,11 @@ impl BatchSource for BatchSourceService {
             rollouts_accepted: s.rollouts_accepted,
             rollouts_duplicate: s.rollouts_duplicate,
             rollouts_rejected: s.rollouts_rejected,
+            rejections: s
+                .rejections
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
             groups_consumed: s.groups_retired,
             group_samples: s.group_samples,
             evictions: EvictReason::ALL

@@ -81,6 +81,8 @@ pub struct Stats {
     pub rollouts_accepted: u64,
     pub rollouts_duplicate: u64,
     pub rollouts_rejected: u64,
+    /// `rollouts_rejected` by the rejection's metric label.
+    pub rejections: HashMap<&'static str, u64>,
     pub groups_retired: u64,
     pub group_samples: u64,
     pub evictions: HashMap<&'static str, u64>,
@@ -99,6 +101,9 @@ struct Counters {
     accepted: AtomicU64,
     duplicate: AtomicU64,
     rejected: AtomicU64,
+    /// By label: the set is small and fixed, so a lock taken per rejection
+    /// (never on the accept path) costs nothing that matters.
+    rejected_by: Mutex<HashMap<&'static str, u64>>,
     samples: AtomicU64,
     evictions: [AtomicU64; 3],
 }
@@ -444,6 +449,7 @@ impl Buffer {
             rollouts_accepted: c.accepted.load(Relaxed),
             rollouts_duplicate: c.duplicate.load(Relaxed),
             rollouts_rejected: c.rejected.load(Relaxed),
+            rejections: c.rejected_by.lock().clone(),
             groups_retired: ledger.retired,
             group_samples: c.samples.load(Relaxed),
             evictions: EvictReason::ALL
@@ -468,6 +474,12 @@ impl Drop for Maintenance {
 impl Inner {
     fn reject(&self, rej: Rejection) -> PushOutcome {
         self.counters.rejected.fetch_add(1, Relaxed);
+        *self
+            .counters
+            .rejected_by
+            .lock()
+            .entry(rej.label)
+            .or_default() += 1;
         metrics::counter!(m::REJECTIONS, "reason" => rej.label).increment(1);
         PushOutcome::Rejected(rej)
     }

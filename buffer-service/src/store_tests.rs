@@ -126,6 +126,7 @@ async fn duplicates_are_acknowledged_once_and_late_members_refused() {
         ),
         (2, 2, 1)
     );
+    assert_eq!(s.rejections, HashMap::from([("group_sealed", 1)]));
     assert_eq!(
         b.sample(1, NOW, false).await.unwrap()[0]
             .group

@@ -558,5 +558,8 @@ async fn buffer_stats(url: &str) -> Option<BTreeMap<String, u64>> {
     for (k, v) in s.evictions {
         m.insert(format!("evicted_{k}"), v);
     }
+    for (k, v) in s.rejections {
+        m.insert(format!("rejected_{k}"), v);
+    }
     Some(m)
 }
