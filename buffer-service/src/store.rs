@@ -100,10 +100,10 @@ pub struct Buffer {
 struct Counters {
     accepted: AtomicU64,
     duplicate: AtomicU64,
-    rejected: AtomicU64,
-    /// By label: the set is small and fixed, so a lock taken per rejection
-    /// (never on the accept path) costs nothing that matters.
-    rejected_by: Mutex<HashMap<&'static str, u64>>,
+    /// Rejections by label, the only count of them (the total is the sum):
+    /// the set is small and fixed, and the lock is never taken on the
+    /// accept path.
+    rejected: Mutex<HashMap<&'static str, u64>>,
     samples: AtomicU64,
     evictions: [AtomicU64; 3],
 }
@@ -440,6 +440,7 @@ impl Buffer {
         let ledger = inner.ledger.lock().clone();
         let version = inner.version.load(Relaxed);
         let c = &inner.counters;
+        let rejections = c.rejected.lock().clone();
         Stats {
             learner_version: version,
             max_staleness: inner.cfg.max_staleness,
@@ -448,8 +449,8 @@ impl Buffer {
             bytes_held: inner.bytes.load(Relaxed),
             rollouts_accepted: c.accepted.load(Relaxed),
             rollouts_duplicate: c.duplicate.load(Relaxed),
-            rollouts_rejected: c.rejected.load(Relaxed),
-            rejections: c.rejected_by.lock().clone(),
+            rollouts_rejected: rejections.values().sum(),
+            rejections,
             groups_retired: ledger.retired,
             group_samples: c.samples.load(Relaxed),
             evictions: EvictReason::ALL
@@ -473,13 +474,7 @@ impl Drop for Maintenance {
 
 impl Inner {
     fn reject(&self, rej: Rejection) -> PushOutcome {
-        self.counters.rejected.fetch_add(1, Relaxed);
-        *self
-            .counters
-            .rejected_by
-            .lock()
-            .entry(rej.label)
-            .or_default() += 1;
+        *self.counters.rejected.lock().entry(rej.label).or_default() += 1;
         metrics::counter!(m::REJECTIONS, "reason" => rej.label).increment(1);
         PushOutcome::Rejected(rej)
     }

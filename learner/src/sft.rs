@@ -136,7 +136,11 @@ pub fn sft(
         min_lr_ratio: 0.1,
     };
     cfg.validate()?;
-    let check = Check::new(task, tokenizer, cfg.check_problems)?;
+    let check = if cfg.target_accuracy > 0.0 {
+        Some(Check::new(task, tokenizer, cfg.check_problems)?)
+    } else {
+        None
+    };
     let mut next = cfg.first_problem;
     for step in 0..cfg.steps {
         let t0 = Instant::now();
@@ -178,10 +182,12 @@ pub fn sft(
         clip_global_norm(&model, &mut grads, cfg.max_grad_norm);
         model = optim.step(schedule.at(step), model, grads);
         let tokens_per_s = (rows.len() * t) as f64 / t0.elapsed().as_secs_f64();
-        let accuracy =
-            (cfg.target_accuracy > 0.0 && (step + 1) % cfg.check_every == 0).then(|| {
+        let accuracy = check
+            .as_ref()
+            .filter(|_| (step + 1) % cfg.check_every == 0)
+            .map(|c| {
                 let p = Policy::with_model(config.clone(), model.valid(), &plain);
-                check.accuracy(&p, tokenizer, task, stop)
+                c.accuracy(&p, tokenizer, task, stop)
             });
         on_step(SftStep {
             step: step + 1,
