@@ -23,7 +23,8 @@ use anyhow::Context;
 use bapo_actor::ActorConfig;
 use bapo_buffer::BufferConfig;
 use bapo_learner::{LearnerConfig, sft::SftConfig};
-use bapo_policy::{ModelSpec, tasks::TaskSpec};
+use bapo_policy::ModelSpec;
+use bapo_tasks::TaskSpec;
 use serde::{Deserialize, Serialize};
 
 /// The built-in configuration of `bapo run`.

@@ -15,15 +15,13 @@ use bapo_learner::{
     LearnerConfig, Trainer, broadcast::WeightHub, checkpoint, run::RunOptions, server,
 };
 use bapo_policy::{
-    ModelConfig, Policy, SamplingParams,
-    burn::prelude::*,
-    tasks::{self, TaskSpec},
-    tokenizer::TextTokenizer,
+    ModelConfig, Policy, SamplingParams, burn::prelude::*, tokenizer::TextTokenizer,
 };
 use bapo_proto::{
     packed,
     v1::{SampleRequest, StatsRequest, WeightUpdate},
 };
+use bapo_tasks::TaskSpec;
 use common::TestBuffer;
 use tokio::sync::{oneshot, watch};
 
@@ -74,7 +72,7 @@ fn start_actor(
     tokio::task::JoinHandle<anyhow::Result<bapo_actor::ActorSummary>>,
     oneshot::Sender<()>,
 ) {
-    let task = Arc::from(tasks::build(&TaskSpec::default()).unwrap());
+    let task = Arc::from(bapo_tasks::build(&TaskSpec::default()).unwrap());
     let (stop, rx) = oneshot::channel::<()>();
     let handle = tokio::spawn(bapo_actor::run(
         cfg,

@@ -1,6 +1,7 @@
 //! The `[actor]` table of the config file.
 
-use bapo_policy::{SamplingParams, tasks::Shaping};
+use bapo_policy::SamplingParams;
+use bapo_tasks::Shaping;
 use serde::{Deserialize, Serialize};
 
 /// What to do with in-flight responses when new weights arrive.

@@ -8,12 +8,9 @@ use std::sync::{
     atomic::{AtomicBool, Ordering},
 };
 
-use bapo_policy::{
-    Finish, Generation, Response, SamplingParams,
-    tasks::{Problem, Shaping, Task},
-    tokenizer::TextTokenizer,
-};
+use bapo_policy::{Finish, Generation, Response, SamplingParams, tokenizer::TextTokenizer};
 use bapo_proto::{packed, v1};
+use bapo_tasks::{Problem, Shaping, Task};
 use metrics::counter;
 
 use crate::{

@@ -13,8 +13,9 @@ use std::{
 };
 
 use anyhow::Context;
-use bapo_policy::{burn::prelude::*, tasks::Task, tokenizer::TextTokenizer};
+use bapo_policy::{burn::prelude::*, tokenizer::TextTokenizer};
 use bapo_proto::v1::rollout_sink_client::RolloutSinkClient;
+use bapo_tasks::Task;
 use metrics::{counter, gauge, histogram};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use tokio::sync::watch;

@@ -15,9 +15,9 @@ use bapo_policy::{
     evaluate::evaluate,
     logprob::next_token_logprobs,
     rope::Rope,
-    tasks::{Problem, Task},
     tokenizer::TextTokenizer,
 };
+use bapo_tasks::{Problem, Task};
 use serde::{Deserialize, Serialize};
 
 use crate::{

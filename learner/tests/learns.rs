@@ -4,12 +4,8 @@
 mod common;
 
 use bapo_learner::{LearnerConfig, TrainGroup, Trainer, rollouts::Sequence};
-use bapo_policy::{
-    Generation, ModelSpec, SamplingParams,
-    burn::prelude::*,
-    evaluate::completion,
-    tasks::{self, TaskSpec},
-};
+use bapo_policy::{Generation, ModelSpec, SamplingParams, burn::prelude::*, evaluate::completion};
+use bapo_tasks::TaskSpec;
 
 #[test]
 #[ignore]
@@ -25,7 +21,7 @@ fn on_policy_rl_raises_reward_on_fixed_prompts() {
     let (policy, tok) = ModelSpec::from_dir(dir.into())
         .load(&Device::flex())
         .unwrap();
-    let task = tasks::build(&TaskSpec::default()).unwrap();
+    let task = bapo_tasks::build(&TaskSpec::default()).unwrap();
     let problems: Vec<_> = (0..16).map(|i| task.train_problem(i)).collect();
     let stop = vec![tok.token_id("<eos>").unwrap()];
     let cfg = LearnerConfig {

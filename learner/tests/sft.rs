@@ -2,12 +2,8 @@
 //! in a few dozen steps: every answer is `7`.
 
 use bapo_learner::sft::{SftConfig, SftStep, sft};
-use bapo_policy::{
-    ModelSpec, Policy,
-    burn::prelude::*,
-    tasks::{Problem, Task},
-    tokenizer::TextTokenizer,
-};
+use bapo_policy::{ModelSpec, Policy, burn::prelude::*, tokenizer::TextTokenizer};
+use bapo_tasks::{Problem, Task};
 
 struct Sevens;
 

@@ -4,14 +4,11 @@
 
 use std::collections::BTreeMap;
 
+use bapo_tasks::{Problem, Task};
 use serde::Serialize;
 
 use crate::{
-    Generation, SamplingParams,
-    generate::Response,
-    policy::Policy,
-    tasks::{Problem, Task},
-    tokenizer::TextTokenizer,
+    Generation, SamplingParams, generate::Response, policy::Policy, tokenizer::TextTokenizer,
 };
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

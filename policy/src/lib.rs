@@ -1,6 +1,6 @@
 //! The policy of bapo: a Llama/Qwen2-family transformer in Burn, sampling
-//! and batched KV-cache generation, the tokenizer, HF weight loading, tasks
-//! and their verifiers, and held-out evaluation.
+//! and batched KV-cache generation, the tokenizer, HF weight loading, and
+//! held-out evaluation of a policy on a task (`bapo-tasks`).
 //!
 //! Actors sample from this model and the learner trains it; both compute
 //! log-probs of the same temperature-scaled distribution (`logprob.rs`).
@@ -18,7 +18,6 @@ pub mod policy;
 pub mod rope;
 pub mod sampling;
 pub mod spec;
-pub mod tasks;
 pub mod tokenizer;
 pub mod weights;
 

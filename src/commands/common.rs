@@ -6,12 +6,9 @@ use std::{path::Path, sync::Arc};
 use anyhow::Context;
 use bapo_learner::{checkpoint, run::EvalFn};
 use bapo_policy::{
-    ModelSpec, Policy,
-    burn::prelude::*,
-    evaluate::evaluate,
-    tasks::{self, Task, TaskSpec},
-    tokenizer::TextTokenizer,
+    ModelSpec, Policy, burn::prelude::*, evaluate::evaluate, tokenizer::TextTokenizer,
 };
+use bapo_tasks::{Task, TaskSpec};
 
 /// The compute device: the first GPU in a `cuda` build, else the CPU.
 pub fn device() -> Device {
@@ -35,7 +32,7 @@ pub fn stop_tokens(tokenizer: &TextTokenizer, names: &[String]) -> anyhow::Resul
 }
 
 pub fn task(spec: &TaskSpec) -> anyhow::Result<Arc<dyn Task>> {
-    Ok(Arc::from(tasks::build(spec).with_context(|| {
+    Ok(Arc::from(bapo_tasks::build(spec).with_context(|| {
         format!("building task {:?}", spec.name)
     })?))
 }

@@ -4,11 +4,15 @@
 //! A task hands out an endless, seeded stream of training problems and a
 //! fixed held-out evaluation set, and scores completions. Each task is one
 //! file: `arith` (tiny arithmetic the built-in model can learn on a CPU),
-//! `countdown` (reach a target with given numbers; checked by an exact
-//! parser) and `jsonl` (GSM8K-format question/answer files, in `gsm8k.rs`).
-//! `numeric.rs` finds a model's final number in free text and `shaping.rs`
-//! adds the optional format bonus and overlong penalty on top of a task's
-//! reward.
+//! `countdown` (reach a target with given numbers; checked by the exact
+//! expression evaluator in `expr.rs`) and `jsonl` (GSM8K-format
+//! question/answer files). `numeric.rs` finds a model's final number in free
+//! text and `shaping.rs` adds the optional format bonus and overlong penalty
+//! on top of a task's reward.
+//!
+//! A task is text in, reward out: this crate knows nothing of models or
+//! tensors, so a verifier edit rebuilds no kernels, and anything that scores
+//! text (a reward service, the buffer) can use it without Burn.
 //!
 //! The held-out split of the generated tasks is a keyed hash of the problem
 //! itself, never of the task seed: changing the seed reshuffles training but
@@ -16,7 +20,8 @@
 
 pub mod arith;
 pub mod countdown;
-pub mod gsm8k;
+pub mod expr;
+pub mod jsonl;
 pub mod numeric;
 pub mod shaping;
 
@@ -26,7 +31,7 @@ use serde::{Deserialize, Serialize};
 
 pub use arith::Arith;
 pub use countdown::Countdown;
-pub use gsm8k::Jsonl;
+pub use jsonl::Jsonl;
 pub use shaping::{Overlong, Shaping};
 
 /// One problem: the prompt text the model sees, the reference answer the
@@ -139,7 +144,7 @@ pub fn build(spec: &TaskSpec) -> Result<Box<dyn Task>, TaskError> {
                 field: "path",
                 reason: "the jsonl task needs the path of its file".to_string(),
             })?;
-            let template = spec.template.as_deref().unwrap_or(gsm8k::DEFAULT_TEMPLATE);
+            let template = spec.template.as_deref().unwrap_or(jsonl::DEFAULT_TEMPLATE);
             Ok(Box::new(Jsonl::load(
                 path,
                 spec.seed,
@@ -201,6 +206,17 @@ pub(crate) fn check_difficulty(difficulty: u32, max: u32) -> Result<(), TaskErro
             reason: format!("{difficulty} is outside 1..={max}"),
         })
     }
+}
+
+/// This crate's directory, for tests that read files beside it. Taken at run
+/// time (cargo sets it for tests): the compile-time value goes stale when a
+/// shared target dir built the same sources in another checkout.
+#[cfg(test)]
+pub(crate) fn crate_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        std::path::PathBuf::from,
+    )
 }
 
 #[cfg(test)]
