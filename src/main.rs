@@ -1,9 +1,10 @@
 //! `bapo`: one binary for every part of the system.
 
+#[cfg(feature = "bench")]
 mod bench;
 mod commands;
 mod config_file;
-mod report;
+mod local;
 mod telemetry;
 
 use clap::{Parser, Subcommand};
@@ -44,9 +45,18 @@ enum Command {
     Eval(commands::eval::EvalArgs),
     /// One policy loss on a JSON batch: loss, gradient and metrics as JSON.
     Loss(commands::loss::LossArgs),
-    /// Benchmarks of the hot paths, each beside a reference.
+    /// Benchmarks of the hot paths, each beside a reference (built with
+    /// `--features bench`).
+    #[cfg(feature = "bench")]
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Without the `bench` feature: says how to build it.
+    #[cfg(not(feature = "bench"))]
+    #[command(hide = true, disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -68,7 +78,14 @@ fn main() -> anyhow::Result<()> {
             telemetry::init_logging("warn");
             commands::eval::run(args)
         }
+        #[cfg(feature = "bench")]
         Command::Bench(b) => run_async(bench::run(b)),
+        #[cfg(not(feature = "bench"))]
+        Command::Bench { args } => anyhow::bail!(
+            "this bapo was built without the benchmarks; run them with \
+             `cargo run --features bench -- bench {}`",
+            args.join(" ")
+        ),
     }
 }
 

@@ -15,18 +15,21 @@ use std::{
 
 use anyhow::{Context, bail};
 use bapo_buffer::{Buffer, BufferConfig};
-use bapo_proto::packed::{pack_f32, pack_u32};
+use bapo_proto::packed::pack_u32;
 use bapo_proto::v1::{
     self, SampleRequest, StatsRequest, VersionReport, batch_source_client::BatchSourceClient,
     rollout_sink_client::RolloutSinkClient,
 };
-use bytes::Bytes;
 use clap::Args;
 use prost::Message;
-use rand::{Rng, SeedableRng, rngs::SmallRng};
+use tokio::{sync::oneshot, task::JoinHandle};
 use tonic::transport::Channel;
 
-use super::{latency::Latencies, redis_streams};
+use super::{
+    latency::Latencies,
+    redis_streams,
+    workload::{Payload, Phase, Workload},
+};
 
 #[derive(Debug, Args)]
 pub struct BufferBenchArgs {
@@ -59,52 +62,15 @@ pub struct BufferBenchArgs {
     pub redis_server: PathBuf,
 }
 
-/// One synthetic rollout payload: what an actor would send.
-#[derive(Clone)]
-pub struct Payload {
-    pub prompt: Vec<u32>,
-    pub tokens: Vec<u32>,
-    pub logprobs: Vec<f32>,
-    packed: [Bytes; 3],
-}
-
-impl Payload {
-    /// Token ids over a Qwen2-sized vocabulary, log-probs of a sampled
-    /// distribution (mostly near 0, some far below).
-    pub fn new(tokens: usize, seed: u64) -> Self {
-        let mut rng = SmallRng::seed_from_u64(seed);
-        let prompt: Vec<u32> = (0..64).map(|_| rng.random_range(0..151_936)).collect();
-        let tokens: Vec<u32> = (0..tokens).map(|_| rng.random_range(0..151_936)).collect();
-        let logprobs: Vec<f32> = (0..tokens.len())
-            .map(|_| -(rng.random::<f32>().powi(4) * 12.0))
-            .collect();
-        let packed = [pack_u32(&prompt), pack_u32(&tokens), pack_f32(&logprobs)];
-        Self {
-            prompt,
-            tokens,
-            logprobs,
-            packed,
+impl BufferBenchArgs {
+    fn workload(&self) -> Workload {
+        Workload {
+            pushers: self.pushers,
+            seconds: self.seconds,
+            tokens: self.tokens,
+            group_size: self.group_size,
+            batch_groups: self.batch_groups,
         }
-    }
-
-    /// Token ids, log-probs and versions at 4 bytes each: the payload both
-    /// sides move.
-    pub fn raw_bytes(&self) -> usize {
-        self.tokens.len() * 12
-    }
-}
-
-/// What one measured phase achieved.
-pub struct Phase {
-    pub rollouts: u64,
-    pub seconds: f64,
-    pub acks: Latencies,
-    pub consumed_rollouts: u64,
-}
-
-impl Phase {
-    pub fn rate(&self) -> f64 {
-        self.rollouts as f64 / self.seconds
     }
 }
 
@@ -293,24 +259,7 @@ pub async fn run(args: BufferBenchArgs) -> anyhow::Result<()> {
     // Record metrics as `bapo buffer` does, so their cost is measured too.
     crate::telemetry::serve_metrics(SocketAddr::from(([127, 0, 0, 1], 0)))?;
     bapo_buffer::metrics::describe();
-    let cfg = BufferConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        group_size: args.group_size,
-        min_group_size: 1,
-        batch_groups: args.batch_groups,
-        // The bench measures the data path, not the staleness bound.
-        max_staleness: u32::MAX as u64,
-        capacity_groups: args.capacity_groups,
-        capacity_bytes: 16 << 30,
-        ..Default::default()
-    };
-    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
-    let addr = listener.local_addr()?;
-    let buffer = Buffer::open(cfg)?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(bapo_buffer::server::serve(buffer, listener, async {
-        let _ = stop_rx.await;
-    }));
+    let (addr, stop_tx, server) = start_buffer(&args).await?;
 
     let sample = Payload::new(args.tokens, 0);
     let wire = group_messages(&sample, "x", 1, 0)[0].encoded_len();
@@ -338,22 +287,84 @@ pub async fn run(args: BufferBenchArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(());
     server.await??;
 
-    let redis = if args.no_redis {
-        None
-    } else {
-        match redis_streams::RedisServer::start(&args.redis_server).await? {
-            Some(server) => Some(redis_streams::run(&server, &args).await?),
-            None => {
-                println!(
-                    "redis-server not found at {:?}: Redis Streams reference skipped (install it with scripts/install-bench-deps.sh)",
-                    args.redis_server
-                );
-                None
-            }
-        }
-    };
+    let redis = redis_reference(&args).await?;
+    print_results(
+        &args,
+        &Results {
+            raw: sample.raw_bytes() as f64,
+            wire: wire as f64,
+            peak,
+            half,
+            redis,
+            drain,
+            held,
+        },
+    );
+    Ok(())
+}
 
-    let raw = sample.raw_bytes() as f64;
+/// The buffer server on a free loopback port: its address, the sender that
+/// stops it, and its task.
+async fn start_buffer(
+    args: &BufferBenchArgs,
+) -> anyhow::Result<(
+    SocketAddr,
+    oneshot::Sender<()>,
+    JoinHandle<anyhow::Result<()>>,
+)> {
+    let cfg = BufferConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        group_size: args.group_size,
+        min_group_size: 1,
+        batch_groups: args.batch_groups,
+        // The bench measures the data path, not the staleness bound.
+        max_staleness: u32::MAX as u64,
+        capacity_groups: args.capacity_groups,
+        capacity_bytes: 16 << 30,
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+    let addr = listener.local_addr()?;
+    let buffer = Buffer::open(cfg)?;
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let server = tokio::spawn(bapo_buffer::server::serve(buffer, listener, async {
+        let _ = stop_rx.await;
+    }));
+    Ok((addr, stop_tx, server))
+}
+
+/// The Redis Streams peak phase, or `None` when skipped or not installed.
+async fn redis_reference(args: &BufferBenchArgs) -> anyhow::Result<Option<Phase>> {
+    if args.no_redis {
+        return Ok(None);
+    }
+    match redis_streams::RedisServer::start(&args.redis_server).await? {
+        Some(server) => Ok(Some(redis_streams::run(&server, &args.workload()).await?)),
+        None => {
+            println!(
+                "redis-server not found at {:?}: Redis Streams reference skipped (install it with scripts/install-bench-deps.sh)",
+                args.redis_server
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// Everything the bench measured.
+struct Results {
+    /// Raw payload and wire bytes per rollout.
+    raw: f64,
+    wire: f64,
+    peak: Phase,
+    half: Phase,
+    redis: Option<Phase>,
+    /// Rollouts drained by the learner alone, and its seconds.
+    drain: (u64, f64),
+    held: f64,
+}
+
+fn print_results(args: &BufferBenchArgs, r: &Results) {
+    let raw = r.raw;
     println!();
     println!(
         "{:<26} {:>11} {:>10} {:>11} {:>11} {:>12}",
@@ -370,39 +381,39 @@ pub async fn run(args: BufferBenchArgs) -> anyhow::Result<()> {
             p.consumed_rollouts as f64 / p.seconds
         );
     };
-    row("bapo buffer, peak", &peak);
-    row("bapo buffer, 50% of peak", &half);
-    if let Some(r) = &redis {
-        row("redis streams, peak", r);
+    row("bapo buffer, peak", &r.peak);
+    row("bapo buffer, 50% of peak", &r.half);
+    if let Some(redis) = &r.redis {
+        row("redis streams, peak", redis);
     }
     println!();
-    if let Some(r) = &redis {
+    if let Some(redis) = &r.redis {
         println!(
             "bapo / redis streams rollouts/s at {} producers: {:.2}x",
             args.pushers,
-            peak.rate() / r.rate()
+            r.peak.rate() / redis.rate()
         );
     }
     println!(
         "ingest: {:.2} GB/s raw payload ({:.2} GB/s on the wire)",
-        peak.rate() * raw / 1e9,
-        peak.rate() * wire as f64 / 1e9
+        r.peak.rate() * raw / 1e9,
+        r.peak.rate() * r.wire / 1e9
     );
-    if drain.0 >= 1000 {
+    let (drained, drain_s) = r.drain;
+    if drained >= 1000 {
         println!(
             "learner sampling alone (the backlog of {} rollouts the phases left): {:.0} rollouts/s, {:.2} GB/s raw",
-            drain.0,
-            drain.0 as f64 / drain.1,
-            drain.0 as f64 * raw / drain.1 / 1e9
+            drained,
+            drained as f64 / drain_s,
+            drained as f64 * raw / drain_s / 1e9
         );
     } else {
         println!(
             "the learner kept up with ingest: {} rollouts left to drain",
-            drain.0
+            drained
         );
     }
-    println!("held bytes per raw payload byte: {held:.3}");
-    Ok(())
+    println!("held bytes per raw payload byte: {:.3}", r.held);
 }
 
 /// Samples the backlog the phases left, alone: the learner side's capacity

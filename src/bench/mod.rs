@@ -1,10 +1,16 @@
 //! `bapo bench ...`: hot-path benchmarks that print numbers beside a
 //! reference doing the same work. No thresholds: they inform, tests decide.
+//! Built only with `--features bench` (Redis and HdrHistogram stay out of
+//! the production binary): `cargo run --features bench -- bench ...`.
+//!
+//! Imports go one way: `buffer` uses `redis_streams`, both use `workload`
+//! and `latency`.
 
 pub mod buffer;
 mod latency;
 pub mod model;
 mod redis_streams;
+mod workload;
 
 use clap::Subcommand;
 

@@ -225,68 +225,81 @@ pub fn run(a: ModelBenchArgs) -> anyhow::Result<()> {
         "machine: 1024^3 f32 matmul in Burn flex {sgemm:.1} GFLOP/s; \"% peak\" is against the best 1024^3 matmul of flex and XLA on this machine"
     );
     for name in a.configs.split(',') {
-        let c = ModelConfig::preset(name.trim())?;
-        println!(
-            "\n== {name}: {:.2} M parameters, d_model {}, {} layers, {}/{} heads, vocab {} ==",
-            c.num_params() as f64 / 1e6,
-            c.hidden_size,
-            c.num_hidden_layers,
-            c.num_attention_heads,
-            c.kv_heads(),
-            c.vocab_size
-        );
-        let m = measure_burn(&c, &a, &gen_batches)?;
-        let jax = match &python {
-            Some(p) => Some(run_jax(p, &c, &a)?),
-            None => None,
+        bench_preset(name, &a, &gen_batches, python.as_ref(), sgemm)?;
+    }
+    Ok(())
+}
+
+/// One preset measured in Burn (and in JAX with `python`), printed as a
+/// table against the machine's practical peak.
+fn bench_preset(
+    name: &str,
+    a: &ModelBenchArgs,
+    gen_batches: &[usize],
+    python: Option<&PathBuf>,
+    sgemm: f64,
+) -> anyhow::Result<()> {
+    let c = ModelConfig::preset(name.trim())?;
+    println!(
+        "\n== {name}: {:.2} M parameters, d_model {}, {} layers, {}/{} heads, vocab {} ==",
+        c.num_params() as f64 / 1e6,
+        c.hidden_size,
+        c.num_hidden_layers,
+        c.num_attention_heads,
+        c.kv_heads(),
+        c.vocab_size
+    );
+    let m = measure_burn(&c, a, gen_batches)?;
+    let jax = match python {
+        Some(p) => Some(run_jax(p, &c, a)?),
+        None => None,
+    };
+    println!(
+        "{:<28} {:>12} {:>10} {:>12} {:>10} {:>10}",
+        "", "burn tok/s", "GFLOP/s", "jax tok/s", "burn/jax", "% peak"
+    );
+    // The practical peak: the faster of the two 1024³ matmuls.
+    let peak = jax
+        .as_ref()
+        .and_then(|j| j["sgemm_gflops"].as_f64())
+        .map_or(sgemm, |j| j.max(sgemm));
+    let jtrain = jax
+        .as_ref()
+        .and_then(|j| j["train"]["tokens_per_s"].as_f64());
+    let row = |what: &str, tok: f64, gf: f64, j: Option<f64>| {
+        let (js, ratio) = match j {
+            Some(j) => (format!("{j:.0}"), format!("{:.2}x", tok / j)),
+            None => ("-".into(), "-".into()),
         };
         println!(
-            "{:<28} {:>12} {:>10} {:>12} {:>10} {:>10}",
-            "", "burn tok/s", "GFLOP/s", "jax tok/s", "burn/jax", "% peak"
+            "{:<28} {:>12.0} {:>10.1} {:>12} {:>10} {:>9.0}%",
+            what,
+            tok,
+            gf,
+            js,
+            ratio,
+            100.0 * gf / peak
         );
-        // The practical peak: the faster of the two 1024³ matmuls.
-        let peak = jax
+    };
+    row(
+        "train step (fwd+bwd+AdamW)",
+        m.train_tok_s,
+        m.train_gflops,
+        jtrain,
+    );
+    for (b, tok, gf) in &m.generation {
+        let j = jax
             .as_ref()
-            .and_then(|j| j["sgemm_gflops"].as_f64())
-            .map_or(sgemm, |j| j.max(sgemm));
-        let jtrain = jax
-            .as_ref()
-            .and_then(|j| j["train"]["tokens_per_s"].as_f64());
-        let row = |what: &str, tok: f64, gf: f64, j: Option<f64>| {
-            let (js, ratio) = match j {
-                Some(j) => (format!("{j:.0}"), format!("{:.2}x", tok / j)),
-                None => ("-".into(), "-".into()),
-            };
-            println!(
-                "{:<28} {:>12.0} {:>10.1} {:>12} {:>10} {:>9.0}%",
-                what,
-                tok,
-                gf,
-                js,
-                ratio,
-                100.0 * gf / peak
-            );
-        };
-        row(
-            "train step (fwd+bwd+AdamW)",
-            m.train_tok_s,
-            m.train_gflops,
-            jtrain,
+            .and_then(|j| j["generate"][b.to_string()]["tokens_per_s"].as_f64());
+        row(&format!("generate, batch {b}, cached"), *tok, *gf, j);
+    }
+    if let Some(j) = &jax {
+        println!(
+            "(jax {}: sgemm {:.1} GFLOP/s; first jitted train step {:.1} s)",
+            j["jax"].as_str().unwrap_or("?"),
+            j["sgemm_gflops"].as_f64().unwrap_or(0.0),
+            j["train"]["first_step_s"].as_f64().unwrap_or(0.0)
         );
-        for (b, tok, gf) in &m.generation {
-            let j = jax
-                .as_ref()
-                .and_then(|j| j["generate"][b.to_string()]["tokens_per_s"].as_f64());
-            row(&format!("generate, batch {b}, cached"), *tok, *gf, j);
-        }
-        if let Some(j) = &jax {
-            println!(
-                "(jax {}: sgemm {:.1} GFLOP/s; first jitted train step {:.1} s)",
-                j["jax"].as_str().unwrap_or("?"),
-                j["sgemm_gflops"].as_f64().unwrap_or(0.0),
-                j["train"]["first_step_s"].as_f64().unwrap_or(0.0)
-            );
-        }
     }
     Ok(())
 }

@@ -14,8 +14,8 @@ use redis::{AsyncCommands, aio::MultiplexedConnection, streams::StreamReadReply}
 use tokio::process::{Child, Command};
 
 use super::{
-    buffer::{BufferBenchArgs, Payload, Phase},
     latency::Latencies,
+    workload::{Payload, Phase, Workload},
 };
 
 const STREAM: &str = "bapo:rollouts";
@@ -170,7 +170,7 @@ async fn consumer(server: &RedisServer, count: usize, deadline: Instant) -> anyh
 }
 
 /// Peak phase against Redis with the bench's producer count and payload.
-pub async fn run(server: &RedisServer, args: &BufferBenchArgs) -> anyhow::Result<Phase> {
+pub async fn run(server: &RedisServer, args: &Workload) -> anyhow::Result<Phase> {
     let mut con = server.connect().await?;
     let _: () = redis::cmd("XGROUP")
         .arg("CREATE")

@@ -3,8 +3,14 @@
 use std::{net::SocketAddr, path::PathBuf};
 
 use anyhow::Context;
-use bapo_learner::{Trainer, broadcast::WeightHub, checkpoint, run::RunOptions, server};
-use bapo_policy::ModelSpec;
+use bapo_learner::{
+    Trainer,
+    broadcast::WeightHub,
+    checkpoint,
+    run::{EvalFn, RunOptions},
+    server,
+};
+use bapo_policy::{ModelSpec, Policy, burn::prelude::Device, tokenizer::TextTokenizer};
 use clap::Args;
 use tokio::sync::watch;
 
@@ -60,43 +66,12 @@ pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
     }
     let device = common::device();
     let (policy, tokenizer) = cfg.model.load(&device)?;
-    let ckpt_dir = args.out.join("checkpoints");
-    let (trainer, cursor) = match args
-        .resume
-        .then(|| checkpoint::latest(&ckpt_dir))
-        .transpose()?
-        .flatten()
-    {
-        Some(dir) => {
-            let (t, state) = checkpoint::load(&dir, cfg.learner.clone(), &device)
-                .with_context(|| format!("resuming from {}", dir.display()))?;
-            tracing::info!(
-                step = state.step,
-                version = state.policy_version,
-                "resumed from {}",
-                dir.display()
-            );
-            (t, state.data_cursor)
-        }
-        None => (Trainer::new(cfg.learner.clone(), policy, 0)?, 0),
-    };
+    let (trainer, cursor) = start_trainer(&args, &cfg, policy, &device)?;
     std::fs::create_dir_all(&args.out)?;
     tokenizer
         .save(&args.out.join("tokenizer.json"))
         .context("saving the tokenizer next to the checkpoints")?;
-    let stop = common::stop_tokens(&tokenizer, &cfg.actor.stop)?;
-    let eval = (cfg.learner.eval_every > 0).then(|| {
-        common::task(&cfg.task).map(|task| {
-            common::eval_hook(
-                task,
-                tokenizer.clone(),
-                stop.clone(),
-                cfg.learner.eval_problems,
-                cfg.learner.eval_max_new_tokens,
-            )
-        })
-    });
-    let eval = eval.transpose()?;
+    let eval = eval_hook(&cfg, &tokenizer)?;
 
     let hub = WeightHub::new();
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -137,4 +112,50 @@ pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
         })
     );
     Ok(())
+}
+
+/// The trainer and the buffer cursor it is at: the newest checkpoint in
+/// `--out` with `--resume` (when there is one), else fresh from `policy`.
+fn start_trainer(
+    args: &LearnerArgs,
+    cfg: &ConfigFile,
+    policy: Policy,
+    device: &Device,
+) -> anyhow::Result<(Trainer, u64)> {
+    let ckpt_dir = args.out.join("checkpoints");
+    let latest = args
+        .resume
+        .then(|| checkpoint::latest(&ckpt_dir))
+        .transpose()?
+        .flatten();
+    let Some(dir) = latest else {
+        return Ok((Trainer::new(cfg.learner.clone(), policy, 0)?, 0));
+    };
+    let (t, state) = checkpoint::load(&dir, cfg.learner.clone(), device)
+        .with_context(|| format!("resuming from {}", dir.display()))?;
+    tracing::info!(
+        step = state.step,
+        version = state.policy_version,
+        "resumed from {}",
+        dir.display()
+    );
+    Ok((t, state.data_cursor))
+}
+
+/// The periodic held-out evaluation, when `[learner] eval_every` asks for one.
+fn eval_hook(cfg: &ConfigFile, tokenizer: &TextTokenizer) -> anyhow::Result<Option<EvalFn>> {
+    // Checked even without an evaluation: a config whose stop tokens the
+    // tokenizer lacks is wrong either way.
+    let stop = common::stop_tokens(tokenizer, &cfg.actor.stop)?;
+    if cfg.learner.eval_every == 0 {
+        return Ok(None);
+    }
+    let task = common::task(&cfg.task)?;
+    Ok(Some(common::eval_hook(
+        task,
+        tokenizer.clone(),
+        stop,
+        cfg.learner.eval_problems,
+        cfg.learner.eval_max_new_tokens,
+    )))
 }

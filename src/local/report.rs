@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 use anyhow::Context;
 use plotters::prelude::*;
 
-use crate::commands::run::RunSummary;
+use super::summary::LocalRunSummary;
 
 /// A named series of `(step, value)`.
 pub type Series = (String, Vec<(f64, f64)>);
@@ -140,7 +140,7 @@ fn html_escape(s: &str) -> String {
 }
 
 /// Writes `charts/*.svg` and `report.html` into the run directory.
-pub fn write(out: &Path, summary: &RunSummary) -> anyhow::Result<()> {
+pub fn write(out: &Path, summary: &LocalRunSummary) -> anyhow::Result<()> {
     let metrics = read_metrics(&out.join("metrics.jsonl"))?;
     let charts_dir = out.join("charts");
     std::fs::create_dir_all(&charts_dir)?;

@@ -1,0 +1,15 @@
+//! The whole system on one machine, for `bapo run` and `bapo study`: the
+//! services as child processes of this binary over loopback gRPC, followed
+//! and summarised, with an HTML report.
+//!
+//! Imports go one way: `run` (the phases) uses `options`, `supervise` (the
+//! child processes), `tail` (following the learner's log), `summary` and
+//! `report`; `study` uses `run`. `summary` is a leaf; `report` reads it.
+
+pub mod options;
+pub mod report;
+pub mod run;
+pub mod study;
+pub mod summary;
+mod supervise;
+mod tail;

@@ -1,0 +1,79 @@
+//! The options of one local run: a config file (or the built-in one), the
+//! command line's overrides of its values, and how to run it. Resolving
+//! them checks the config and makes the numbers several services read one.
+
+use std::path::PathBuf;
+
+use crate::config_file::ConfigFile;
+
+/// Overrides of the config file (`None` keeps the file's value) and how to run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// The config file (default: the built-in configs/tiny-arith.toml).
+    pub config: Option<PathBuf>,
+    pub actors: Option<usize>,
+    pub steps: Option<u64>,
+    pub algo: Option<String>,
+    pub max_staleness: Option<u64>,
+    /// Run directory (default runs/<unix time>).
+    pub out: Option<PathBuf>,
+    /// Start RL from this HF model directory (skips the warm start).
+    pub init: Option<PathBuf>,
+    pub task: Option<String>,
+    pub data: Option<PathBuf>,
+    /// Supervised warm-start steps (0 skips it).
+    pub sft_steps: Option<u64>,
+    /// Seed of the model, task and sampling.
+    pub seed: Option<u64>,
+    /// No progress bar: log lines only.
+    pub quiet: bool,
+}
+
+impl RunOptions {
+    /// The config this run uses.
+    pub fn resolve(&self) -> anyhow::Result<ConfigFile> {
+        let mut c = ConfigFile::load_or_builtin(self.config.as_deref())?;
+        if let Some(n) = self.actors {
+            c.run.actors = n;
+        }
+        if let Some(s) = self.steps {
+            c.learner.steps = s;
+        }
+        if let Some(a) = &self.algo {
+            c.learner.algo = a.clone();
+        }
+        if let Some(s) = self.max_staleness {
+            c.buffer.max_staleness = s;
+        }
+        if let Some(t) = &self.task {
+            c.task.name = t.clone();
+        }
+        if let Some(d) = &self.data {
+            c.task.path = Some(d.clone());
+        }
+        if let Some(s) = self.sft_steps {
+            c.sft.steps = s;
+            c.run.sft = s > 0;
+        }
+        if let Some(s) = self.seed {
+            c.model.seed = s;
+            c.learner.seed = s;
+            c.actor.sampling.seed = s;
+        }
+        if let Some(o) = &self.out {
+            c.run.out = Some(o.clone());
+        }
+        anyhow::ensure!(
+            c.learner.steps > 0,
+            "bapo run needs learner.steps > 0 (or --steps)"
+        );
+        anyhow::ensure!(c.run.actors > 0, "bapo run needs at least one actor");
+        // One number each, wherever it is read.
+        c.buffer.batch_groups = c.learner.batch_groups;
+        c.buffer.group_size = c.actor.group_size as u32;
+        c.learner.temperature = c.actor.sampling.temperature;
+        c.learner.validate()?;
+        c.buffer.validate()?;
+        Ok(c)
+    }
+}

@@ -1,0 +1,205 @@
+//! One local run, phase by phase: a supervised warm start, the held-out
+//! evaluation of the starting model, the services as child processes
+//! followed until the learner finishes, the final evaluation, and
+//! `summary.json` with the report in the run directory.
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, bail};
+use bapo_policy::{ModelSpec, evaluate::EvalResult};
+
+use super::{
+    options::RunOptions,
+    report,
+    summary::LocalRunSummary,
+    supervise::Children,
+    tail::{self, Followed},
+};
+use crate::{
+    commands::{common, eval, sft},
+    config_file::ConfigFile,
+};
+
+/// Runs the whole loop and returns what `summary.json` holds.
+pub async fn run(opts: &RunOptions) -> anyhow::Result<LocalRunSummary> {
+    let t_start = Instant::now();
+    let mut cfg = opts.resolve()?;
+    let out = cfg.run.out.clone().unwrap_or_else(|| {
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        PathBuf::from(format!("runs/{t}"))
+    });
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    eprintln!("bapo run: {} (logs in {})", out.display(), logs.display());
+
+    // 1. Warm start, and the model RL starts from.
+    let t_sft = Instant::now();
+    let sft_steps = warm_start(&mut cfg, opts, &out).await?;
+    let sft_seconds = t_sft.elapsed().as_secs_f64();
+    let model_dir = starting_model(&mut cfg, &out)?;
+    let config_path = out.join("config.toml");
+    std::fs::write(&config_path, cfg.to_toml()?)?;
+    let warm = evaluate(&cfg, &config_path, model_dir).await?;
+    eprintln!(
+        "warm-start held-out accuracy: greedy {:.3}, pass@{} {:.3}",
+        warm.greedy_accuracy,
+        warm.k,
+        warm.pass_at_k.unwrap_or(f64::NAN)
+    );
+
+    // 2. Services, followed until the learner finishes.
+    let (services, mut children) = Children::start(&config_path, &out, &logs, cfg.run.actors)?;
+    std::fs::write(
+        out.join("services.json"),
+        serde_json::to_string_pretty(&services)?,
+    )?;
+    let t_rl = Instant::now();
+    let metrics = out.join("metrics.jsonl");
+    let mut seen = tail::follow(
+        &mut children,
+        &services.buffer,
+        &metrics,
+        cfg.learner.steps,
+        opts.quiet,
+    )
+    .await?;
+    let rl_seconds = t_rl.elapsed().as_secs_f64();
+    if let Some(s) = tail::buffer_books(&services.buffer).await {
+        seen.buffer = Some(s);
+    }
+    children.stop().await;
+    if seen.interrupted {
+        bail!(
+            "interrupted; the run directory {} holds what was done",
+            out.display()
+        );
+    }
+
+    // 3. Final evaluation and report.
+    let fin = evaluate(&cfg, &config_path, out.join("final")).await?;
+    let timing = Timing {
+        sft_steps,
+        sft_seconds,
+        rl_seconds,
+        total_seconds: t_start.elapsed().as_secs_f64(),
+    };
+    let summary = summarise(&cfg, &warm, &fin, seen, timing);
+    std::fs::write(
+        out.join("summary.json"),
+        serde_json::to_string_pretty(&summary)?,
+    )?;
+    report::write(&out, &summary).context("writing the report")?;
+    eprintln!(
+        "held-out greedy accuracy {:.3} -> {:.3}; report: {}",
+        summary.warm_start_accuracy,
+        summary.final_accuracy,
+        out.join("report.html").display()
+    );
+    Ok(summary)
+}
+
+/// The supervised warm start into `<out>/sft` (unless `--init` names the
+/// model or the config turns it off); points `cfg.model` at the result and
+/// returns the steps run.
+async fn warm_start(
+    cfg: &mut ConfigFile,
+    opts: &RunOptions,
+    out: &Path,
+) -> anyhow::Result<Option<u64>> {
+    if let Some(init) = &opts.init {
+        cfg.model = ModelSpec::from_dir(init.clone());
+        return Ok(None);
+    }
+    if !cfg.run.sft {
+        return Ok(None);
+    }
+    let c = cfg.clone();
+    let sft_dir = out.join("sft");
+    let quiet = opts.quiet;
+    let d = sft_dir.clone();
+    let s = tokio::task::spawn_blocking(move || sft::warm_start(&c, &d, 0, quiet))
+        .await
+        .context("warm start panicked")??;
+    let acc = s
+        .train_accuracy
+        .map_or(String::new(), |a| format!(", train accuracy {a:.3}"));
+    eprintln!(
+        "warm start: {} steps, final nll {:.3}{acc}, {:.0} s",
+        s.steps, s.final_nll, s.seconds
+    );
+    cfg.model = ModelSpec::from_dir(sft_dir);
+    Ok(Some(s.steps))
+}
+
+/// The HF directory RL starts from. Without one (RL from the preset's
+/// random weights) they are materialised once in `<out>/init`, so every
+/// process starts from the same ones.
+fn starting_model(cfg: &mut ConfigFile, out: &Path) -> anyhow::Result<PathBuf> {
+    if let Some(d) = &cfg.model.hf_dir {
+        return Ok(d.clone());
+    }
+    let dir = out.join("init");
+    let (p, tok) = cfg.model.load(&common::device())?;
+    bapo_policy::hf::save(&p, &dir)?;
+    tok.save(&dir.join("tokenizer.json"))?;
+    cfg.model = ModelSpec::from_dir(dir.clone());
+    Ok(dir)
+}
+
+/// Held-out accuracy of the model in `dir` on the run's task.
+async fn evaluate(cfg: &ConfigFile, config: &Path, dir: PathBuf) -> anyhow::Result<EvalResult> {
+    let a = eval::EvalArgs {
+        checkpoint: dir,
+        config: Some(config.to_path_buf()),
+        task: None,
+        data: None,
+        problems: cfg.run.eval_problems,
+        k: cfg.run.pass_k,
+        max_new_tokens: cfg.learner.eval_max_new_tokens,
+    };
+    tokio::task::spawn_blocking(move || eval::eval(&a)).await?
+}
+
+/// The warm start's steps and how long each phase took.
+struct Timing {
+    sft_steps: Option<u64>,
+    sft_seconds: f64,
+    rl_seconds: f64,
+    total_seconds: f64,
+}
+
+fn summarise(
+    cfg: &ConfigFile,
+    warm: &EvalResult,
+    fin: &EvalResult,
+    seen: Followed,
+    t: Timing,
+) -> LocalRunSummary {
+    let learner_groups = cfg.learner.steps * cfg.learner.batch_groups as u64;
+    let buffer = seen.buffer.unwrap_or_default();
+    LocalRunSummary {
+        algo: cfg.learner.algo.clone(),
+        max_staleness: cfg.buffer.max_staleness,
+        actors: cfg.run.actors,
+        steps: cfg.learner.steps,
+        warm_start_accuracy: warm.greedy_accuracy,
+        warm_start_pass_at_k: warm.pass_at_k,
+        final_accuracy: fin.greedy_accuracy,
+        final_pass_at_k: fin.pass_at_k,
+        pass_k: cfg.run.pass_k,
+        eval_problems: fin.problems,
+        sft_steps: t.sft_steps,
+        sft_seconds: t.sft_seconds,
+        rl_seconds: t.rl_seconds,
+        total_seconds: t.total_seconds,
+        learner_idle_fraction: seen.idle_s / t.rl_seconds.max(1e-9),
+        final_entropy: seen.last_entropy,
+        reconciled: buffer.get("group_samples") == Some(&learner_groups),
+        buffer,
+    }
+}
