@@ -107,6 +107,7 @@ mod tests {
         assert_eq!(c, again);
         c.learner.validate().unwrap();
         c.buffer.validate().unwrap();
+        c.actor.validate().unwrap();
     }
 
     #[test]

@@ -119,7 +119,7 @@ async fn learner_advances_and_the_actor_follows_its_weights() {
         RunOptions {
             buffer: buffer_url.clone(),
             out: out.path().to_path_buf(),
-            data_cursor: 0,
+            provenance: Default::default(),
             eval: None,
             export_final: false,
         },
@@ -239,6 +239,7 @@ async fn slow_subscribers_skip_to_the_newest_and_corrupt_weights_are_refused() {
         payload_len: published.payload.len() as u64,
         chunks: 1,
         model_config_json: published.config_json.clone(),
+        ..Default::default()
     });
     let mut bytes = published.payload.to_vec();
     bytes[100] ^= 1;

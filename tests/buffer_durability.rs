@@ -66,7 +66,10 @@ async fn kill_9_loses_no_acknowledged_group_and_repeats_no_consumption() {
     let mut sink = bapo_proto::v1::rollout_sink_client::RolloutSinkClient::new(ch.clone());
     let mut source = bapo_proto::v1::batch_source_client::BatchSourceClient::new(ch);
     source
-        .report_version(VersionReport { version: 5 })
+        .report_version(VersionReport {
+            version: 5,
+            ..Default::default()
+        })
         .await
         .unwrap();
     for g in 0..10 {

@@ -87,7 +87,10 @@ async fn concurrent_pushers_and_a_sampler_reconcile_exactly() {
             }
             version += 1;
             source
-                .report_version(VersionReport { version })
+                .report_version(VersionReport {
+                    version,
+                    ..Default::default()
+                })
                 .await
                 .unwrap();
         }
@@ -139,7 +142,10 @@ async fn each_bad_input_is_refused_by_name_and_the_rest_lands() {
     let server = TestBuffer::start(c).await;
     let mut source = server.source().await;
     source
-        .report_version(VersionReport { version: 3 })
+        .report_version(VersionReport {
+            version: 3,
+            ..Default::default()
+        })
         .await
         .unwrap();
 

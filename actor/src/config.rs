@@ -32,6 +32,10 @@ pub struct ActorConfig {
     pub shutdown_grace_s: f64,
     /// Stop after this many groups per actor (0: run until stopped).
     pub max_groups: u64,
+    /// Seed each slot's sampling RNG from the OS instead of from the actor
+    /// id, the slot and `sampling.seed`: runs then differ even with the
+    /// same seed. Off, the same seed reproduces the same rollouts.
+    pub os_entropy: bool,
 }
 
 impl Default for ActorConfig {
@@ -54,6 +58,95 @@ impl Default for ActorConfig {
             shaping: Shaping::default(),
             shutdown_grace_s: 10.0,
             max_groups: 0,
+            os_entropy: false,
         }
+    }
+}
+
+/// A setting that cannot mean what it says, named.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("actor.group_size must be at least 1")]
+    GroupSize,
+    #[error("actor.concurrency must be at least 1")]
+    Concurrency,
+    #[error(
+        "actor.sampling.temperature = {0}: a training actor must sample at a finite \
+         temperature > 0 (greedy decoding gives every group one answer and no \
+         behaviour distribution to weight by)"
+    )]
+    Temperature(f32),
+    #[error(
+        "actor.sampling.top_k = {0}: truncated sampling records the log-prob of the \
+         untruncated distribution, which no learner reproduces; set 0 to train on \
+         these rollouts"
+    )]
+    TopK(usize),
+    #[error(
+        "actor.sampling.top_p = {0}: truncated sampling records the log-prob of the \
+         untruncated distribution, which no learner reproduces; set 1.0 to train on \
+         these rollouts"
+    )]
+    TopP(f32),
+}
+
+impl ActorConfig {
+    /// Refuses, by name, a configuration whose rollouts the learner could
+    /// not train on correctly.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let s = &self.sampling;
+        if self.group_size == 0 {
+            return Err(ConfigError::GroupSize);
+        }
+        if self.concurrency == 0 {
+            return Err(ConfigError::Concurrency);
+        }
+        if !(s.temperature.is_finite() && s.temperature > 0.0) {
+            return Err(ConfigError::Temperature(s.temperature));
+        }
+        if s.top_k != 0 {
+            return Err(ConfigError::TopK(s.top_k));
+        }
+        if s.top_p < 1.0 {
+            return Err(ConfigError::TopP(s.top_p));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(f: impl FnOnce(&mut ActorConfig)) -> Result<(), ConfigError> {
+        let mut c = ActorConfig::default();
+        f(&mut c);
+        c.validate()
+    }
+
+    #[test]
+    fn the_default_is_valid() {
+        assert_eq!(with(|_| {}), Ok(()));
+    }
+
+    #[test]
+    fn settings_a_learner_cannot_train_on_are_refused_by_name() {
+        assert_eq!(
+            with(|c| c.sampling.temperature = 0.0),
+            Err(ConfigError::Temperature(0.0))
+        );
+        assert!(matches!(
+            with(|c| c.sampling.temperature = f32::NAN),
+            Err(ConfigError::Temperature(_))
+        ));
+        assert_eq!(with(|c| c.sampling.top_k = 40), Err(ConfigError::TopK(40)));
+        assert_eq!(
+            with(|c| c.sampling.top_p = 0.9),
+            Err(ConfigError::TopP(0.9))
+        );
+        assert_eq!(with(|c| c.group_size = 0), Err(ConfigError::GroupSize));
+        assert_eq!(with(|c| c.concurrency = 0), Err(ConfigError::Concurrency));
+        let msg = with(|c| c.sampling.top_p = 0.9).unwrap_err().to_string();
+        assert!(msg.contains("actor.sampling.top_p"), "{msg}");
     }
 }

@@ -11,6 +11,8 @@ pub const GROUP_SECONDS: &str = "bapo_actor_group_seconds";
 pub const RECONNECTS: &str = "bapo_actor_reconnects_total";
 pub const WEIGHT_APPLY_SECONDS: &str = "bapo_actor_weight_apply_seconds";
 pub const ABORTED_GROUPS: &str = "bapo_actor_aborted_groups_total";
+pub const SLOT_FAILURES: &str = "bapo_actor_slot_failures_total";
+pub const PROBLEMS_SKIPPED: &str = "bapo_actor_problems_skipped_total";
 
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
@@ -44,6 +46,14 @@ pub fn describe() {
     );
     describe_counter!(
         ABORTED_GROUPS,
-        "In-flight groups thrown away (restart mode, shutdown)"
+        "In-flight groups thrown away (restart mode, new learner incarnation, shutdown)"
+    );
+    describe_counter!(
+        SLOT_FAILURES,
+        "Generation slots that failed; the actor exits non-zero after the first"
+    );
+    describe_counter!(
+        PROBLEMS_SKIPPED,
+        "Problems skipped before generation, by reason (prompt_too_long)"
     );
 }

@@ -20,13 +20,20 @@ use crate::{
 };
 
 pub enum Outcome {
-    Done(Vec<Response>),
+    /// Finished responses, every token made by weights of `incarnation`.
+    Done {
+        responses: Vec<Response>,
+        incarnation: u64,
+    },
     /// Stopped by the abort flag; nothing to push.
     Aborted,
 }
 
 /// Generates `k` responses to `prompt` with `start`, asking `updates`
-/// before every token whether newer weights have arrived.
+/// before every token whether newer weights have arrived. Weights of
+/// another learner incarnation restart the group whatever the mode: its
+/// tokens would otherwise span two lineages, whose version numbers mean
+/// different weights.
 pub fn generate(
     start: Arc<Versioned>,
     updates: &mut dyn FnMut() -> Option<Arc<Versioned>>,
@@ -44,12 +51,13 @@ pub fn generate(
             return Outcome::Aborted;
         }
         if let Some(next) = updates()
-            && next.version != current.version
+            && next.differs(&current)
         {
+            let new_lineage = next.incarnation != current.incarnation;
             current = next;
             match mode {
-                UpdateMode::Partial => g.invalidate_cache(),
-                UpdateMode::Restart => {
+                UpdateMode::Partial if !new_lineage => g.invalidate_cache(),
+                _ => {
                     counter!(names::ABORTED_GROUPS).increment(1);
                     g = Generation::new(prompt.to_vec(), k, params.clone());
                 }
@@ -57,7 +65,10 @@ pub fn generate(
         }
         g.step(&current.policy, current.version as u32);
     }
-    Outcome::Done(g.into_responses())
+    Outcome::Done {
+        responses: g.into_responses(),
+        incarnation: current.incarnation,
+    }
 }
 
 /// The update source of a generation that follows a weight subscription.
@@ -77,6 +88,17 @@ pub struct Scoring<'a> {
     pub tokenizer: &'a TextTokenizer,
     pub shaping: &'a Shaping,
     pub stop_tokens: &'a [u32],
+    /// How the responses were sampled, recorded on every rollout so the
+    /// learner can refuse data sampled at another temperature.
+    pub sampling: &'a SamplingParams,
+}
+
+/// Where a group's rollouts come from.
+pub struct Origin<'a> {
+    pub group_id: &'a str,
+    pub actor_id: &'a str,
+    /// The learner incarnation whose weights made every token.
+    pub incarnation: u64,
 }
 
 /// Scores responses and builds the group's wire rollouts.
@@ -85,10 +107,19 @@ pub fn score(
     problem: &Problem,
     prompt: &[u32],
     responses: Vec<Response>,
-    group_id: &str,
-    actor_id: &str,
+    origin: &Origin<'_>,
 ) -> Vec<v1::Rollout> {
     let prompt_bytes = packed::pack_u32(prompt);
+    let sampling = v1::SamplingParams {
+        temperature: s.sampling.temperature,
+        top_k: u32::try_from(s.sampling.top_k).unwrap_or(u32::MAX),
+        top_p: s.sampling.top_p,
+    };
+    let Origin {
+        group_id,
+        actor_id,
+        incarnation,
+    } = *origin;
     responses
         .into_iter()
         .enumerate()
@@ -121,6 +152,8 @@ pub fn score(
                 actor_id: actor_id.to_string(),
                 task: s.task.name().to_string(),
                 metadata: [("problem_id".to_string(), problem.id.clone())].into(),
+                learner_incarnation: incarnation,
+                sampling: Some(sampling),
             }
         })
         .collect()

@@ -3,6 +3,11 @@
 //!
 //! On shutdown the slots stop taking new prompts; groups in flight get
 //! `shutdown_grace_s` to finish and be pushed, then are aborted.
+//!
+//! A slot that fails (an error or a panic) takes the whole actor down with
+//! the error: a process that looks healthy while generating nothing is
+//! worse than one the orchestrator can see die and restart with the same
+//! flags, and an actor has no state worth keeping.
 
 use std::{
     sync::{
@@ -24,7 +29,7 @@ use tonic::transport::Endpoint;
 use crate::{
     ActorConfig, metrics as names,
     push::push_group,
-    rollout::{Outcome, Scoring, follow_cell, generate, score},
+    rollout::{Origin, Outcome, Scoring, follow_cell, generate, score},
     subscription::{self, PolicyCell},
 };
 
@@ -49,8 +54,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<ActorSummary> {
     names::describe();
-    anyhow::ensure!(cfg.group_size > 0, "actor.group_size must be at least 1");
-    anyhow::ensure!(cfg.concurrency > 0, "actor.concurrency must be at least 1");
+    cfg.validate()?;
     let stop_tokens: Vec<u32> = cfg
         .stop
         .iter()
@@ -85,7 +89,7 @@ pub async fn run(
     let tokens_done = Arc::new(AtomicU64::new(0));
     let nonce: u32 = SmallRng::from_os_rng().random();
     let handle = tokio::runtime::Handle::current();
-    let mut slots = Vec::new();
+    let mut slots = tokio::task::JoinSet::new();
     for slot in 0..cfg.concurrency {
         let ctx = Slot {
             cfg: cfg.clone(),
@@ -100,27 +104,31 @@ pub async fn run(
             groups: groups_done.clone(),
             tokens: tokens_done.clone(),
             actor_id: opts.actor_id.clone(),
+            // The nonce keeps group ids unique across restarts; it does
+            // not reach the sampling RNG (see `slot_rng`).
             prefix: format!("{}-{nonce:08x}-{slot}", opts.actor_id),
+            slot,
             handle: handle.clone(),
         };
-        slots.push(tokio::task::spawn_blocking(move || ctx.run()));
+        slots.spawn_blocking(move || ctx.run());
     }
-    let all = futures::future::join_all(slots);
-    tokio::pin!(all);
-    tokio::pin!(shutdown);
-    tokio::select! {
-        _ = &mut all => {}
-        _ = &mut shutdown => {
-            tracing::info!("shutting down: finishing in-flight groups");
-            stopping.store(true, Ordering::Relaxed);
-            let grace = Duration::from_secs_f64(cfg.shutdown_grace_s.max(0.0));
-            if tokio::time::timeout(grace, &mut all).await.is_err() {
-                tracing::warn!("in-flight groups did not finish within {grace:?}; aborting them");
-                abort_flag.store(true, Ordering::Relaxed);
-                let _ = abort_tx.send(true);
-                all.await;
-            }
-        }
+    let failure = supervise(
+        &mut slots,
+        shutdown,
+        &cfg,
+        &stopping,
+        &abort_flag,
+        &abort_tx,
+    )
+    .await;
+    let _ = stop_tx.send(true);
+    if let Some(e) = failure {
+        // Stop the other slots too: the process is about to exit non-zero.
+        abort_flag.store(true, Ordering::Relaxed);
+        let _ = abort_tx.send(true);
+        while slots.join_next().await.is_some() {}
+        follower.abort();
+        return Err(e);
     }
     let _ = stop_tx.send(true);
     let _ = follower.await;
@@ -128,6 +136,64 @@ pub async fn run(
         groups: groups_done.load(Ordering::Relaxed),
         tokens: tokens_done.load(Ordering::Relaxed),
     })
+}
+
+/// Waits for the slots to end, or for `shutdown` (then gives in-flight
+/// groups their grace period). The first slot failure ends the wait and is
+/// returned, logged and counted.
+async fn supervise(
+    slots: &mut tokio::task::JoinSet<Result<(), SlotError>>,
+    shutdown: impl std::future::Future<Output = ()>,
+    cfg: &ActorConfig,
+    stopping: &AtomicBool,
+    abort: &AtomicBool,
+    abort_tx: &watch::Sender<bool>,
+) -> Option<anyhow::Error> {
+    tokio::pin!(shutdown);
+    let (mut deadline, mut aborted) = (None, false);
+    loop {
+        let grace = async {
+            match deadline {
+                Some(d) if !aborted => tokio::time::sleep_until(d).await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            next = slots.join_next() => match next {
+                None => return None,
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(e))) => return Some(slot_failed(anyhow::Error::new(e))),
+                Some(Err(join)) => {
+                    return Some(slot_failed(anyhow::anyhow!("generation slot panicked: {join}")));
+                }
+            },
+            _ = &mut shutdown, if deadline.is_none() => {
+                tracing::info!("shutting down: finishing in-flight groups");
+                stopping.store(true, Ordering::Relaxed);
+                let grace = Duration::from_secs_f64(cfg.shutdown_grace_s.max(0.0));
+                deadline = Some(tokio::time::Instant::now() + grace);
+            }
+            _ = grace => {
+                tracing::warn!("in-flight groups did not finish within the grace period; aborting them");
+                abort.store(true, Ordering::Relaxed);
+                let _ = abort_tx.send(true);
+                aborted = true;
+            }
+        }
+    }
+}
+
+fn slot_failed(e: anyhow::Error) -> anyhow::Error {
+    counter!(names::SLOT_FAILURES).increment(1);
+    tracing::error!("{e:#}; stopping the actor so it can be restarted");
+    e
+}
+
+/// Why a generation slot stopped working.
+#[derive(Debug, thiserror::Error)]
+pub enum SlotError {
+    #[error("the weight subscription ended before any weights arrived")]
+    NoWeights,
 }
 
 /// One generation thread's state.
@@ -145,23 +211,29 @@ struct Slot {
     tokens: Arc<AtomicU64>,
     actor_id: String,
     prefix: String,
+    slot: usize,
     handle: tokio::runtime::Handle,
 }
 
 impl Slot {
-    fn run(mut self) {
+    fn run(mut self) -> Result<(), SlotError> {
         // Wait for the first weights (or an abort before they come).
         let mut cell = self.cell.clone();
         let got_weights = self.handle.block_on(async {
             tokio::select! {
-                r = cell.wait_for(|c| c.is_some()) => r.is_ok(),
-                _ = self.abort_rx.wait_for(|a| *a) => false,
+                r = cell.wait_for(|c| c.is_some()) => r.map(|_| true).map_err(|_| SlotError::NoWeights),
+                _ = self.abort_rx.wait_for(|a| *a) => Ok(false),
             }
-        });
+        })?;
         if !got_weights {
-            return;
+            return Ok(());
         }
-        let mut rng = SmallRng::seed_from_u64(fxhash(&self.prefix) ^ self.cfg.sampling.seed);
+        let mut rng = slot_rng(
+            &self.actor_id,
+            self.slot,
+            self.cfg.sampling.seed,
+            self.cfg.os_entropy,
+        );
         let mut n = 0u64;
         let mut params = self.cfg.sampling.clone();
         params.stop_tokens = self.stop_tokens.clone();
@@ -181,14 +253,25 @@ impl Slot {
                     continue;
                 }
             };
+            let Some(start) = self.cell.borrow_and_update().clone() else {
+                return Ok(());
+            };
+            let max_positions = start.policy.config.max_position_embeddings;
+            if prompt.len() >= max_positions {
+                counter!(names::PROBLEMS_SKIPPED, "reason" => "prompt_too_long").increment(1);
+                tracing::warn!(
+                    problem = %problem.id,
+                    "prompt of {} tokens leaves no room to respond within the model's \
+                     max_position_embeddings = {max_positions}; skipped",
+                    prompt.len()
+                );
+                continue;
+            }
             let group_id = format!("{}-{n}", self.prefix);
             n += 1;
             params.seed = rng.random();
             let t0 = Instant::now();
-            let Some(start) = self.cell.borrow_and_update().clone() else {
-                return;
-            };
-            let responses = match generate(
+            let (responses, incarnation) = match generate(
                 start,
                 &mut follow_cell(&mut self.cell),
                 &prompt,
@@ -197,23 +280,25 @@ impl Slot {
                 self.cfg.mode,
                 &self.abort,
             ) {
-                Outcome::Done(r) => r,
-                Outcome::Aborted => return,
+                Outcome::Done {
+                    responses,
+                    incarnation,
+                } => (responses, incarnation),
+                Outcome::Aborted => return Ok(()),
             };
             let scoring = Scoring {
                 task: &self.task,
                 tokenizer: &self.tokenizer,
                 shaping: &self.cfg.shaping,
                 stop_tokens: &self.stop_tokens,
+                sampling: &params,
             };
-            let rollouts = score(
-                &scoring,
-                &problem,
-                &prompt,
-                responses,
-                &group_id,
-                &self.actor_id,
-            );
+            let origin = Origin {
+                group_id: &group_id,
+                actor_id: &self.actor_id,
+                incarnation,
+            };
+            let rollouts = score(&scoring, &problem, &prompt, responses, &origin);
             histogram!(names::GROUP_SECONDS).record(t0.elapsed().as_secs_f64());
             let n_tokens: u64 = rollouts
                 .iter()
@@ -240,16 +325,29 @@ impl Slot {
                     }
                 }
                 Err(e) => {
+                    // Only an abort (shutdown) ends a push unacknowledged.
                     tracing::warn!("{e}");
-                    return;
+                    return Ok(());
                 }
             }
         }
+        Ok(())
     }
 }
 
-/// A stable 64-bit hash of a string (seeds per slot).
-fn fxhash(s: &str) -> u64 {
+/// The sampling RNG of one slot: it draws the problems and each group's
+/// sampling seed. Derived from the actor id, the slot and the configured
+/// seed only, so the same seed gives the same rollouts run after run (and
+/// slots and actors differ); `os_entropy` asks for fresh OS randomness.
+pub fn slot_rng(actor_id: &str, slot: usize, seed: u64, os_entropy: bool) -> SmallRng {
+    if os_entropy {
+        return SmallRng::from_os_rng();
+    }
+    SmallRng::seed_from_u64(fnv1a(&format!("{actor_id}-{slot}")) ^ seed)
+}
+
+/// FNV-1a, a stable 64-bit hash of a string (seeds per slot).
+fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
     })

@@ -25,11 +25,21 @@ use tonic::transport::Endpoint;
 
 use crate::{backoff::Backoff, metrics as names};
 
-/// A policy and the version it is.
+/// A policy, the version it is, and the learner incarnation that
+/// published it (versions are comparable only within one incarnation's
+/// lineage: a resumed learner reuses version numbers).
 #[derive(Debug)]
 pub struct Versioned {
     pub version: u64,
+    pub incarnation: u64,
     pub policy: Policy,
+}
+
+impl Versioned {
+    /// Whether `other` is a different set of weights from these.
+    pub fn differs(&self, other: &Versioned) -> bool {
+        self.version != other.version || self.incarnation != other.incarnation
+    }
 }
 
 pub type PolicyCell = watch::Receiver<Option<Arc<Versioned>>>;
@@ -98,6 +108,7 @@ impl Assembly {
             .map_err(|e| invalid(e.to_string()))?;
         Ok(Versioned {
             version,
+            incarnation: self.update.incarnation,
             policy: Policy::with_model(config, model, device),
         })
     }
@@ -114,7 +125,12 @@ pub async fn follow(
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     loop {
-        let have = cell.borrow().as_ref().map_or(0, |v| v.version);
+        // What we hold, so the learner sends only what is newer; a learner
+        // of another incarnation sends its weights whatever the version.
+        let have = cell
+            .borrow()
+            .as_ref()
+            .map_or((0, 0), |v| (v.version, v.incarnation));
         let result = tokio::select! {
             r = stream_once(&url, &actor_id, have, &device, &cell, &mut backoff) => r,
             _ = stop.wait_for(|s| *s) => return,
@@ -133,7 +149,7 @@ pub async fn follow(
 async fn stream_once(
     url: &str,
     actor_id: &str,
-    have: u64,
+    have: (u64, u64),
     device: &Device,
     cell: &watch::Sender<Option<Arc<Versioned>>>,
     backoff: &mut Backoff,
@@ -147,7 +163,8 @@ async fn stream_once(
     let mut stream = client
         .subscribe(SubscribeRequest {
             actor_id: actor_id.to_string(),
-            have_version: have,
+            have_version: have.0,
+            have_incarnation: have.1,
         })
         .await?
         .into_inner();
@@ -177,7 +194,11 @@ async fn stream_once(
         let loaded = tokio::task::spawn_blocking(move || assembly.finish(&device)).await??;
         histogram!(names::WEIGHT_APPLY_SECONDS).record(started.elapsed().as_secs_f64());
         gauge!(names::WEIGHT_VERSION).set(loaded.version as f64);
-        tracing::debug!(version = loaded.version, "weights loaded");
+        tracing::debug!(
+            version = loaded.version,
+            incarnation = loaded.incarnation,
+            "weights loaded"
+        );
         cell.send_replace(Some(Arc::new(loaded)));
     }
     if let Some((a, _)) = current {

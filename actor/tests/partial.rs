@@ -25,16 +25,24 @@ fn recomputed(p: &Policy, prompt: &[u32], response: &[u32]) -> Vec<f32> {
     lp[prompt.len() - 1..].to_vec()
 }
 
-fn run(
-    mode: UpdateMode,
-    switch_at: usize,
-) -> (Vec<bapo_policy::Response>, Arc<Versioned>, Arc<Versioned>) {
+type Run = (
+    Vec<bapo_policy::Response>,
+    u64,
+    Arc<Versioned>,
+    Arc<Versioned>,
+);
+
+/// Generates from weights v1 (incarnation 10) and switches to v2 of
+/// `v2_incarnation` after `switch_at` tokens.
+fn run_with(mode: UpdateMode, switch_at: usize, v2_incarnation: u64) -> Run {
     let v1 = Arc::new(Versioned {
         version: 1,
+        incarnation: 10,
         policy: policy(1),
     });
     let v2 = Arc::new(Versioned {
         version: 2,
+        incarnation: v2_incarnation,
         policy: policy(2),
     });
     let params = SamplingParams {
@@ -58,9 +66,22 @@ fn run(
         mode,
         &AtomicBool::new(false),
     );
-    let Outcome::Done(responses) = out else {
+    let Outcome::Done {
+        responses,
+        incarnation,
+    } = out
+    else {
         panic!("not aborted")
     };
+    (responses, incarnation, v1, v2)
+}
+
+fn run(
+    mode: UpdateMode,
+    switch_at: usize,
+) -> (Vec<bapo_policy::Response>, Arc<Versioned>, Arc<Versioned>) {
+    let (responses, incarnation, v1, v2) = run_with(mode, switch_at, 10);
+    assert_eq!(incarnation, 10);
     (responses, v1, v2)
 }
 
@@ -94,6 +115,24 @@ fn partial_mode_records_each_tokens_version_and_its_log_prob() {
 #[test]
 fn restart_mode_regenerates_with_the_new_weights_only() {
     let (responses, _, v2) = run(UpdateMode::Restart, 4);
+    for r in &responses {
+        assert!(r.versions.iter().all(|&v| v == 2), "{:?}", r.versions);
+        let want = recomputed(&v2.policy, &[5, 6, 7], &r.tokens);
+        for (lp, w) in r.logprobs.iter().zip(&want) {
+            assert!((lp - w).abs() < 1e-4);
+        }
+    }
+}
+
+/// A resumed learner reuses version numbers for other weights: a partial
+/// rollout must not continue across incarnations, whatever the mode.
+#[test]
+fn weights_of_a_new_incarnation_restart_a_partial_rollout() {
+    let (responses, incarnation, _, v2) = run_with(UpdateMode::Partial, 4, 11);
+    assert_eq!(
+        incarnation, 11,
+        "the group is labelled with the new incarnation"
+    );
     for r in &responses {
         assert!(r.versions.iter().all(|&v| v == 2), "{:?}", r.versions);
         let want = recomputed(&v2.policy, &[5, 6, 7], &r.tokens);

@@ -14,13 +14,18 @@ pub enum EvictReason {
     Capacity,
     /// Timed out with fewer than `min_group_size` members.
     Incomplete,
+    /// Holds tokens outside the history of a new learner incarnation (a
+    /// learner resumed from an older checkpoint): their staleness would mean
+    /// nothing.
+    RolledBack,
 }
 
 impl EvictReason {
-    pub const ALL: [EvictReason; 3] = [
+    pub const ALL: [EvictReason; 4] = [
         EvictReason::Stale,
         EvictReason::Capacity,
         EvictReason::Incomplete,
+        EvictReason::RolledBack,
     ];
 
     pub fn label(self) -> &'static str {
@@ -28,6 +33,7 @@ impl EvictReason {
             EvictReason::Stale => "stale",
             EvictReason::Capacity => "capacity",
             EvictReason::Incomplete => "incomplete",
+            EvictReason::RolledBack => "rolled_back",
         }
     }
 

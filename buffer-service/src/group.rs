@@ -120,6 +120,8 @@ mod tests {
             actor_id: String::new(),
             task: String::new(),
             metadata: Default::default(),
+            learner_incarnation: 0,
+            sampling: None,
         }
     }
 

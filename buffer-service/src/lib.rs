@@ -12,6 +12,7 @@ pub mod admission;
 pub mod config;
 pub mod eviction;
 pub mod group;
+pub mod lineage;
 pub mod metrics;
 pub mod rate_limit;
 pub mod ready;
@@ -22,7 +23,11 @@ pub mod service;
 pub mod store;
 pub mod validate;
 pub mod wal;
+pub mod when_full;
 pub mod wire;
 
+#[cfg(test)]
+mod recovery_props;
+
 pub use config::BufferConfig;
-pub use store::{Buffer, BufferError, PushOutcome, Stats};
+pub use store::{Buffer, BufferError, LearnerReport, PushOutcome, ReportOutcome, Stats};

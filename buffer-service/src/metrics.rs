@@ -9,11 +9,14 @@ pub const ROLLOUTS_DUPLICATE: &str = "bapo_buffer_rollouts_duplicate_total";
 pub const REJECTIONS: &str = "bapo_buffer_rejections_total";
 pub const GROUPS_ADMITTED: &str = "bapo_buffer_groups_admitted_total";
 pub const EVICTIONS: &str = "bapo_buffer_evictions_total";
-pub const GROUPS_RETIRED: &str = "bapo_buffer_groups_retired_total";
+pub const GROUPS_CONSUMED: &str = "bapo_buffer_groups_consumed_total";
 pub const GROUP_SAMPLES: &str = "bapo_buffer_group_samples_total";
 pub const GROUPS: &str = "bapo_buffer_groups";
 pub const BYTES: &str = "bapo_buffer_bytes";
 pub const LEARNER_VERSION: &str = "bapo_buffer_learner_version";
+pub const LEARNER_INCARNATION: &str = "bapo_buffer_learner_incarnation";
+pub const LEARNER_INCARNATIONS: &str = "bapo_buffer_learner_incarnations_total";
+pub const GROUPS_LOST_TO_ROLLBACK: &str = "bapo_buffer_groups_lost_to_rollback";
 pub const ADMISSION_LIMIT: &str = "bapo_buffer_admission_limit";
 pub const SAMPLED_STALENESS: &str = "bapo_buffer_sampled_staleness";
 pub const GROUP_REUSE: &str = "bapo_buffer_group_reuse";
@@ -37,7 +40,7 @@ pub fn describe() {
         EVICTIONS,
         "Groups dropped without being fully used, by reason"
     );
-    describe_counter!(GROUPS_RETIRED, "Groups handed out for the last time");
+    describe_counter!(GROUPS_CONSUMED, "Groups handed out for the last time");
     describe_counter!(
         GROUP_SAMPLES,
         "Groups handed to the learner (replays included)"
@@ -51,6 +54,19 @@ pub fn describe() {
     describe_gauge!(
         LEARNER_VERSION,
         "Latest policy version the learner reported"
+    );
+    describe_gauge!(
+        LEARNER_INCARNATION,
+        "1 for the current learner incarnation (label: its id in hex), 0 for earlier ones"
+    );
+    describe_counter!(
+        LEARNER_INCARNATIONS,
+        "Learner incarnations adopted (a learner started or resumed from a checkpoint)"
+    );
+    describe_gauge!(
+        GROUPS_LOST_TO_ROLLBACK,
+        Unit::Count,
+        "Group draws handed out that the learner's current weights do not contain"
     );
     describe_gauge!(
         ADMISSION_LIMIT,
@@ -87,23 +103,31 @@ pub struct Handles {
     pub accepted: metrics::Counter,
     pub duplicate: metrics::Counter,
     pub admitted: metrics::Counter,
-    pub retired: metrics::Counter,
+    pub consumed: metrics::Counter,
     pub samples: metrics::Counter,
     pub pending: metrics::Gauge,
     pub ready: metrics::Gauge,
     pub bytes: metrics::Gauge,
     pub version: metrics::Gauge,
     pub admission_limit: metrics::Gauge,
+    pub incarnations: metrics::Counter,
+    pub lost_to_rollback: metrics::Gauge,
     pub staleness: metrics::Histogram,
     pub reuse: metrics::Histogram,
     pub sample_seconds: metrics::Histogram,
     /// By [`crate::eviction::EvictReason::index`].
-    pub evictions: [metrics::Counter; 3],
+    pub evictions: [metrics::Counter; crate::eviction::EvictReason::ALL.len()],
     /// By [`crate::admission::Hold::index`].
     pub backpressure: [metrics::Histogram; 3],
 }
 
 impl Handles {
+    /// The info gauge of one learner incarnation (rare: once per learner
+    /// start, so looked up rather than held).
+    pub fn incarnation(&self, id: u64) -> metrics::Gauge {
+        metrics::gauge!(LEARNER_INCARNATION, "incarnation" => format!("{id:016x}"))
+    }
+
     pub fn register() -> Self {
         use crate::{admission::Hold, eviction::EvictReason};
         use metrics::{counter, gauge, histogram};
@@ -111,13 +135,15 @@ impl Handles {
             accepted: counter!(ROLLOUTS_ACCEPTED),
             duplicate: counter!(ROLLOUTS_DUPLICATE),
             admitted: counter!(GROUPS_ADMITTED),
-            retired: counter!(GROUPS_RETIRED),
+            consumed: counter!(GROUPS_CONSUMED),
             samples: counter!(GROUP_SAMPLES),
             pending: gauge!(GROUPS, "state" => "pending"),
             ready: gauge!(GROUPS, "state" => "ready"),
             bytes: gauge!(BYTES),
             version: gauge!(LEARNER_VERSION),
             admission_limit: gauge!(ADMISSION_LIMIT),
+            incarnations: counter!(LEARNER_INCARNATIONS),
+            lost_to_rollback: gauge!(GROUPS_LOST_TO_ROLLBACK),
             staleness: histogram!(SAMPLED_STALENESS),
             reuse: histogram!(GROUP_REUSE),
             sample_seconds: histogram!(SAMPLE_SECONDS),

@@ -7,7 +7,7 @@
 //! would leave the window below waits for inserts, an insert that would leave
 //! it above waits for samples.
 
-use crate::admission::Ledger;
+use crate::{admission::Ledger, config::BufferConfig};
 
 #[derive(Debug, Clone, Copy)]
 pub struct RateLimiter {
@@ -17,6 +17,18 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
+    /// The limiter of the replay modes; `None` in FIFO, where each group is
+    /// handed out once and the staleness bound alone paces the actors.
+    pub fn from_config(cfg: &BufferConfig) -> Option<Self> {
+        cfg.sampling.replays().then(|| {
+            Self::new(
+                cfg.samples_per_insert,
+                cfg.rate_limit_error_buffer,
+                cfg.batch_groups as u64,
+            )
+        })
+    }
+
     /// `min_size`: groups that must have been inserted before the first
     /// sample (a batch).
     pub fn new(samples_per_insert: f64, error_buffer: f64, min_size: u64) -> Self {

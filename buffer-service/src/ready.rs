@@ -82,6 +82,25 @@ impl ReadyStore {
         out
     }
 
+    /// Removes and returns every group `pred` selects, in one pass (for
+    /// rare whole-store decisions: a learner rollback).
+    pub fn take_where(
+        &mut self,
+        mut pred: impl FnMut(&ReadyGroup) -> bool,
+    ) -> Vec<Arc<ReadyGroup>> {
+        let mut out = Vec::new();
+        let by_age = &mut self.by_age;
+        self.groups.retain(|(g, _)| {
+            let keep = !pred(g);
+            if !keep {
+                by_age.remove(&(g.oldest_version, g.sequence));
+                out.push(g.clone());
+            }
+            keep
+        });
+        out
+    }
+
     /// Positions of `n` distinct groups chosen by the sampler.
     pub fn pick(&mut self, n: usize) -> Vec<usize> {
         self.sampler.pick(self.groups.len(), n, &mut self.rng)
@@ -133,6 +152,13 @@ mod tests {
         assert_eq!(left, [0, 2, 4]);
         assert_eq!(r.pop_oldest().unwrap().sequence, 0);
         assert_eq!(r.remove_at(1).unwrap().sequence, 4);
+        r.push(group(5, 1), 0);
+        assert!(
+            r.take_where(|g| g.sequence == 5)
+                .iter()
+                .map(|g| g.sequence)
+                .eq([5])
+        );
         assert!(r.take_stale(100, 0).iter().map(|g| g.sequence).eq([2]));
         assert!(r.is_empty());
     }

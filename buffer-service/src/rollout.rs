@@ -111,6 +111,15 @@ impl VersionRuns {
     }
 }
 
+/// Sampling settings a rollout was generated with (`bapo.v1.SamplingParams`),
+/// kept so the learner can refuse data sampled at another temperature.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Sampling {
+    pub temperature: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+}
+
 /// One scored response, as the buffer holds it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rollout {
@@ -130,6 +139,10 @@ pub struct Rollout {
     pub actor_id: String,
     pub task: String,
     pub metadata: HashMap<String, String>,
+    /// The learner incarnation whose weights produced the tokens; 0 when not
+    /// recorded (judged by version only).
+    pub learner_incarnation: u64,
+    pub sampling: Option<Sampling>,
 }
 
 impl Rollout {
@@ -161,6 +174,10 @@ impl Rollout {
 
     pub fn oldest_version(&self) -> u64 {
         self.versions.oldest().unwrap_or(0)
+    }
+
+    pub fn newest_version(&self) -> u64 {
+        self.versions.newest().unwrap_or(0)
     }
 
     /// Response length in tokens.

@@ -12,8 +12,8 @@ use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
-    Buffer, BufferError, PushOutcome, eviction::EvictReason, group::SampledGroup, metrics as m,
-    wire,
+    Buffer, BufferError, LearnerReport, PushOutcome, eviction::EvictReason, group::SampledGroup,
+    metrics as m, wire,
 };
 
 impl From<BufferError> for Status {
@@ -22,6 +22,7 @@ impl From<BufferError> for Status {
             BufferError::Closing => Status::unavailable(e.to_string()),
             BufferError::NotEnough { .. } => Status::deadline_exceeded(e.to_string()),
             BufferError::InvalidRequest(_) => Status::invalid_argument(e.to_string()),
+            BufferError::Superseded(_) => Status::failed_precondition(e.to_string()),
             BufferError::Wal(e) => Status::internal(format!("{e}; the data is not durable, retry")),
         }
     }
@@ -137,11 +138,17 @@ impl BatchSource for BatchSourceService {
         &self,
         req: Request<VersionReport>,
     ) -> Result<Response<VersionAck>, Status> {
-        let version = req.into_inner().version;
-        let evicted_stale = self.buffer.report_version(version);
+        let report = req.into_inner();
+        let version = report.version;
+        let outcome = self.buffer.report(LearnerReport {
+            version,
+            lineage: report.lineage,
+            groups_trained: report.groups_trained,
+        })?;
         Ok(Response::new(VersionAck {
             version,
-            evicted_stale,
+            evicted_stale: outcome.evicted_stale,
+            evicted_rolled_back: outcome.evicted_rolled_back,
         }))
     }
 
@@ -161,7 +168,7 @@ impl BatchSource for BatchSourceService {
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
-            groups_consumed: s.groups_retired,
+            groups_consumed: s.groups_consumed,
             group_samples: s.group_samples,
             evictions: EvictReason::ALL
                 .iter()
@@ -174,6 +181,9 @@ impl BatchSource for BatchSourceService {
                 .collect(),
             admitted_groups: s.admitted_groups,
             admission_limit: s.admission_limit,
+            learner_incarnation: s.learner_incarnation,
+            groups_lost_to_rollback: s.groups_lost_to_rollback,
+            groups_admitted: s.groups_admitted,
         }))
     }
 }

@@ -10,34 +10,50 @@
 //!   ready groups (FIFO order, replay weights), which a shard cannot give.
 //! * `ledger` (one mutex): the admission counters, touched once per group.
 //!   Always the innermost lock: nothing is acquired while it is held.
+//! * `learner` (a read-write lock): the lineage. Read once per push (and
+//!   again where it lands only if a report changed it meanwhile, see
+//!   `lineage_epoch`), written only by version reports.
 //!
-//! Lock order is `groups` shard → `ready` → `ledger`; `tombstones` is taken
-//! alone. No lock is held across an `.await`.
+//! Lock order is `groups` shard → `learner` → `ready` → `ledger`;
+//! `tombstones` is taken alone. No lock is held across an `.await`.
 //!
 //! Write-ahead records are queued while the lock that orders the change is
 //! held (a rollout under its group's shard, a ready or sampled record under
-//! `ready`), so the log order is a valid history.
+//! `ready`), so the log order is a valid history. A group goes from pending
+//! to ready under its shard lock *and* the `ready` lock, so the compaction
+//! snapshot (`recovery.rs`: shards first, then `ready`) sees it on one side
+//! or the other, never in between.
 
 use std::{
     collections::{HashMap, VecDeque},
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+        atomic::{
+            AtomicBool, AtomicU64,
+            Ordering::{Acquire, Relaxed, Release},
+        },
     },
     time::{Duration, Instant},
 };
 
-use bapo_proto::wal::{self as walpb, record::Kind};
-use dashmap::{DashMap, mapref::entry::Entry};
-use parking_lot::Mutex;
+use bapo_proto::{
+    v1::Incarnation,
+    wal::{self as walpb, record::Kind},
+};
+use dashmap::{
+    DashMap,
+    mapref::{entry::Entry, one::RefMut},
+};
+use parking_lot::{Mutex, RwLock};
 use rand::{SeedableRng, rngs::SmallRng};
 use tokio::{sync::Notify, task::JoinHandle};
 
 use crate::{
-    admission::{Capacity, Hold, Ledger, StalenessBound},
-    config::{BufferConfig, FullPolicy},
+    admission::{Admission, Hold, Ledger, StalenessBound, View},
+    config::BufferConfig,
     eviction::{self, EvictReason},
     group::{PendingGroup, ReadyGroup, SampledGroup, Slot},
+    lineage::{Lineage, ReportKind},
     metrics as m,
     rate_limit::RateLimiter,
     ready::ReadyStore,
@@ -45,6 +61,7 @@ use crate::{
     sampler,
     validate::{self, Limits, RejectCode, Rejection},
     wal::{Wal, WalError},
+    when_full::{self, WhenFull},
     wire,
 };
 
@@ -66,6 +83,10 @@ pub enum BufferError {
     NotEnough { ready: usize, wanted: usize },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A version report from a learner incarnation that a resumed learner
+    /// has replaced (a zombie).
+    #[error("{0}")]
+    Superseded(String),
     #[error(transparent)]
     Wal(#[from] WalError),
 }
@@ -83,11 +104,45 @@ pub struct Stats {
     pub rollouts_rejected: u64,
     /// `rollouts_rejected` by the rejection's metric label.
     pub rejections: HashMap<&'static str, u64>,
-    pub groups_retired: u64,
+    pub groups_consumed: u64,
     pub group_samples: u64,
     pub evictions: HashMap<&'static str, u64>,
     pub admitted_groups: u64,
     pub admission_limit: u64,
+    /// Groups ever admitted: consumed + evicted + pending + ready, across
+    /// restarts.
+    pub groups_admitted: u64,
+    /// The current learner incarnation; 0 before any lineage was reported.
+    pub learner_incarnation: u64,
+    pub groups_lost_to_rollback: u64,
+}
+
+/// A learner's version report (`bapo.v1.VersionReport`).
+#[derive(Debug, Clone, Default)]
+pub struct LearnerReport {
+    pub version: u64,
+    /// Oldest first, the reporting incarnation last; empty: versions only.
+    pub lineage: Vec<Incarnation>,
+    /// Group draws the learner's current weights were trained on.
+    pub groups_trained: u64,
+}
+
+/// What a version report evicted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReportOutcome {
+    pub evicted_stale: u64,
+    pub evicted_rolled_back: u64,
+}
+
+/// What the buffer knows of the learner's history, changed only by reports.
+#[derive(Debug, Default)]
+struct LearnerBooks {
+    lineage: Lineage,
+    /// Incarnations that were current here before the present one: their
+    /// reports come from zombies.
+    former: Vec<u64>,
+    /// Group draws handed out that the current weights do not contain.
+    lost_to_rollback: u64,
 }
 
 /// The staleness-tracking rollout store. Cheap to clone; clones share state.
@@ -105,16 +160,28 @@ struct Counters {
     /// accept path.
     rejected: Mutex<HashMap<&'static str, u64>>,
     samples: AtomicU64,
-    evictions: [AtomicU64; 3],
+    evictions: [AtomicU64; EvictReason::ALL.len()],
 }
 
 struct Inner {
     cfg: BufferConfig,
+    /// The rules a new group must pass, in order.
+    admission: Admission,
+    /// What a full buffer does with a new group.
+    when_full: Box<dyn WhenFull>,
+    /// The staleness rule again, for the limit in stats and gauges.
     bound: StalenessBound,
-    capacity: Capacity,
+    /// The sample side of the replay rate limiter (its insert side is an
+    /// admission rule).
     limiter: Option<RateLimiter>,
     uses_per_group: u32,
     version: AtomicU64,
+    /// Lock order: after a `groups` shard, before `ready` and `ledger`.
+    learner: RwLock<LearnerBooks>,
+    /// Bumped (under the `learner` write lock) whenever the lineage changes,
+    /// so a push checked against an older lineage is checked again where it
+    /// lands, under its group's shard lock.
+    lineage_epoch: AtomicU64,
     groups: DashMap<String, Slot>,
     pending: AtomicU64,
     ready: Mutex<ReadyStore>,
@@ -129,6 +196,10 @@ struct Inner {
     counters: Counters,
     metrics: m::Handles,
     wal: Option<Wal>,
+    /// Test hook run right after a group is sealed, to inject a snapshot
+    /// at that moment.
+    #[cfg(test)]
+    on_seal: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
 }
 
 impl Buffer {
@@ -148,25 +219,15 @@ impl Buffer {
             Some((w, r)) => (Some(w), Some(r)),
             None => (None, None),
         };
-        let limiter = cfg.sampling.replays().then(|| {
-            RateLimiter::new(
-                cfg.samples_per_insert,
-                cfg.rate_limit_error_buffer,
-                cfg.batch_groups as u64,
-            )
-        });
         let inner = Arc::new(Inner {
-            bound: StalenessBound {
-                max_staleness: cfg.max_staleness,
-                batch_groups: cfg.batch_groups as u64,
-            },
-            capacity: Capacity {
-                groups: cfg.capacity_groups,
-                bytes: cfg.capacity_bytes,
-            },
-            limiter,
+            admission: Admission::from_config(&cfg),
+            when_full: when_full::from_config(cfg.when_full),
+            bound: StalenessBound::from_config(&cfg),
+            limiter: RateLimiter::from_config(&cfg),
             uses_per_group: cfg.uses_per_group(),
             version: AtomicU64::new(0),
+            learner: RwLock::new(LearnerBooks::default()),
+            lineage_epoch: AtomicU64::new(0),
             groups: DashMap::new(),
             pending: AtomicU64::new(0),
             ready: Mutex::new(ReadyStore::new(
@@ -182,15 +243,14 @@ impl Buffer {
             metrics: m::Handles::register(),
             wal,
             cfg,
+            #[cfg(test)]
+            on_seal: Mutex::new(None),
         });
         let buffer = Buffer { inner };
         if let Some(rec) = recovered {
             buffer.inner.replay(rec.records);
-            let weak = Arc::downgrade(&buffer.inner);
             if let Some(w) = &buffer.inner.wal {
-                w.set_snapshot(Box::new(move || {
-                    weak.upgrade().map(|i| i.snapshot()).unwrap_or_default()
-                }));
+                w.set_snapshot(recovery::snapshot_source(Arc::downgrade(&buffer.inner)));
                 // Start from a compact log: replayed history is not needed.
                 w.compact();
             }
@@ -217,25 +277,30 @@ impl Buffer {
     /// admission bounds. `encoded_len` is its size on the wire.
     pub async fn push(&self, r: Rollout, encoded_len: usize) -> Result<PushOutcome, BufferError> {
         let inner = &*self.inner;
-        let limits = Limits {
-            max_tokens: inner.cfg.max_tokens,
-            max_rollout_bytes: inner.cfg.max_rollout_bytes,
-            learner_version: inner.version.load(Relaxed),
+        // Read before the lineage: if the lineage changes after this, the
+        // check is repeated where the rollout lands.
+        let epoch = inner.lineage_epoch.load(Acquire);
+        let learner_version = inner.version.load(Relaxed);
+        let checked = {
+            let learner = inner.learner.read();
+            let limits = Limits {
+                max_tokens: inner.cfg.max_tokens,
+                max_rollout_bytes: inner.cfg.max_rollout_bytes,
+                learner_version,
+                lineage: Some(&learner.lineage),
+            };
+            validate::check(&r, encoded_len, limits)
         };
-        if let Err(rej) = validate::check(&r, encoded_len, limits) {
+        if let Err(rej) = checked {
             return Ok(inner.reject(rej));
         }
-        if eviction::is_stale(
-            limits.learner_version,
-            r.oldest_version(),
-            inner.cfg.max_staleness,
-        ) {
+        if eviction::is_stale(learner_version, r.oldest_version(), inner.cfg.max_staleness) {
             inner.evict_pending(&r.group_id, EvictReason::Stale);
             let reason = format!(
                 "oldest token version {} is more than max_staleness = {} behind the learner's version {}",
                 r.oldest_version(),
                 inner.cfg.max_staleness,
-                limits.learner_version
+                learner_version
             );
             return Ok(inner.reject(Rejection::new(
                 &r,
@@ -246,7 +311,7 @@ impl Buffer {
         }
         let mut r = Some(r);
         loop {
-            if let Some(outcome) = inner.try_join_existing(&mut r) {
+            if let Some(outcome) = inner.try_join_existing(&mut r, epoch) {
                 return Ok(outcome);
             }
             // A new group: reserve its place first, without holding any lock.
@@ -254,17 +319,18 @@ impl Buffer {
             let rollout = r.take().expect("rollout is only taken on success");
             match inner.groups.entry(rollout.group_id.clone()) {
                 Entry::Vacant(v) => {
+                    if let Err(rej) = inner.recheck_history(&rollout, epoch) {
+                        drop(v);
+                        inner.release_admission();
+                        return Ok(inner.reject(rej));
+                    }
                     inner.log_rollout(&rollout);
-                    let id = v.key().clone();
                     let group = PendingGroup::new(rollout, Instant::now());
                     inner.bytes.fetch_add(group.bytes, Relaxed);
+                    let slot = v.insert(Slot::Pending(group));
+                    inner.pending.fetch_add(1, Relaxed);
                     if inner.cfg.group_size == 1 {
-                        let ids = group.member_ids();
-                        v.insert(Slot::Sealed(ids));
-                        inner.make_ready(id, group);
-                    } else {
-                        v.insert(Slot::Pending(group));
-                        inner.pending.fetch_add(1, Relaxed);
+                        inner.seal_into_ready(slot);
                     }
                     inner.accepted();
                     return Ok(PushOutcome::Accepted);
@@ -336,28 +402,65 @@ impl Buffer {
         Ok(out)
     }
 
-    /// Records the learner's version and evicts the ready groups it made too
-    /// stale (pending ones go at the next [`Buffer::sweep`], within a
-    /// second, or when their next member arrives: scanning every group id on
-    /// each version would cost more than they hold).
+    /// Records a version without a lineage (a learner that does not track
+    /// incarnations); returns the groups it made too stale. See
+    /// [`Buffer::report`].
     pub fn report_version(&self, version: u64) -> u64 {
+        let report = LearnerReport {
+            version,
+            ..Default::default()
+        };
+        // A report without a lineage is never refused.
+        self.report(report).map_or(0, |o| o.evicted_stale)
+    }
+
+    /// Records the learner's version report. From a new incarnation it
+    /// adopts the version (even a lower one), evicts held groups outside
+    /// the new history, re-bases admission and counts the group draws lost
+    /// to the rollback (docs/architecture.md, "Failure model"). Ready
+    /// groups the version made too stale are evicted now; pending ones at
+    /// the next [`Buffer::sweep`] (within a second) or when they become
+    /// ready: scanning every group id on each version would cost more than
+    /// they hold.
+    pub fn report(&self, report: LearnerReport) -> Result<ReportOutcome, BufferError> {
         let inner = &*self.inner;
+        let LearnerReport {
+            version,
+            lineage,
+            groups_trained,
+        } = report;
+        let mut learner = inner.learner.write();
+        let kind = learner
+            .lineage
+            .classify(&lineage, &learner.former)
+            .map_err(BufferError::Superseded)?;
         let old = inner.version.swap(version, Relaxed);
-        if version < old {
+        if kind == ReportKind::NewIncarnation {
+            inner.adopt_incarnation(&mut learner, Lineage::new(lineage), groups_trained, old);
+        } else if version < old {
             tracing::warn!(
                 old,
                 new = version,
-                "learner version went back (resumed from an older checkpoint?)"
+                "learner version went back within one incarnation (a learner without lineage resumed?)"
             );
         }
-        inner.log(Kind::Version(walpb::Version { version }));
-        let evicted = {
+        inner.log(Kind::Version(inner.version_record(&learner, version)));
+        let history = learner.lineage.clone();
+        drop(learner);
+        let evicted_rolled_back = match kind {
+            ReportKind::NewIncarnation => inner.evict_rolled_back(&history, version),
+            _ => 0,
+        };
+        let evicted_stale = {
             let mut ready = inner.ready.lock();
             inner.evict_stale_ready(&mut ready, version)
         };
         inner.publish_gauges();
         inner.changed.notify_waiters();
-        evicted
+        Ok(ReportOutcome {
+            evicted_stale,
+            evicted_rolled_back,
+        })
     }
 
     /// Evicts stale pending groups, seals timed-out ones (ready with at
@@ -382,16 +485,12 @@ impl Buffer {
             inner.evict_pending(&id, EvictReason::Stale);
         }
         for id in expired {
-            let Some(mut slot) = inner.groups.get_mut(&id) else {
+            let Some(slot) = inner.groups.get_mut(&id) else {
                 continue;
             };
             let Slot::Pending(p) = &*slot else { continue };
             if p.members.len() >= inner.cfg.min_group_size as usize {
-                let p = slot.seal().expect("matched as pending above");
-                inner.pending.fetch_sub(1, Relaxed);
-                drop(slot);
-                inner.tombstone(id.clone());
-                inner.make_ready(id, p);
+                inner.seal_into_ready(slot);
             } else {
                 drop(slot);
                 inner.evict_pending(&id, EvictReason::Incomplete);
@@ -436,6 +535,7 @@ impl Buffer {
 
     pub fn stats(&self) -> Stats {
         let inner = &*self.inner;
+        let learner = inner.learner.read();
         let ready = inner.ready.lock().len() as u64;
         let ledger = inner.ledger.lock().clone();
         let version = inner.version.load(Relaxed);
@@ -451,14 +551,17 @@ impl Buffer {
             rollouts_duplicate: c.duplicate.load(Relaxed),
             rollouts_rejected: rejections.values().sum(),
             rejections,
-            groups_retired: ledger.retired,
+            groups_consumed: ledger.consumed,
             group_samples: c.samples.load(Relaxed),
             evictions: EvictReason::ALL
                 .iter()
                 .map(|r| (r.label(), c.evictions[r.index()].load(Relaxed)))
                 .collect(),
             admitted_groups: ledger.admitted(),
-            admission_limit: inner.bound.limit(version),
+            admission_limit: inner.bound.limit(&ledger, version),
+            groups_admitted: ledger.inserted,
+            learner_incarnation: learner.lineage.current().unwrap_or(0),
+            groups_lost_to_rollback: learner.lost_to_rollback,
         }
     }
 }
@@ -473,6 +576,15 @@ impl Drop for Maintenance {
 }
 
 impl Inner {
+    /// Runs the test hook, if any; nothing outside tests.
+    #[inline(always)]
+    fn after_seal(&self) {
+        #[cfg(test)]
+        if let Some(f) = &*self.on_seal.lock() {
+            f();
+        }
+    }
+
     fn reject(&self, rej: Rejection) -> PushOutcome {
         *self.counters.rejected.lock().entry(rej.label).or_default() += 1;
         metrics::counter!(m::REJECTIONS, "reason" => rej.label).increment(1);
@@ -504,7 +616,7 @@ impl Inner {
 
     /// Adds the rollout to its existing group, if there is one. Leaves `r`
     /// in place (and returns `None`) when the group does not exist yet.
-    fn try_join_existing(&self, r: &mut Option<Rollout>) -> Option<PushOutcome> {
+    fn try_join_existing(&self, r: &mut Option<Rollout>, epoch: u64) -> Option<PushOutcome> {
         let rollout = r.as_ref().expect("caller passes a rollout");
         let mut slot = self.groups.get_mut(&rollout.group_id)?;
         match &mut *slot {
@@ -538,22 +650,120 @@ impl Inner {
                     drop(slot);
                     return Some(self.reject(rej));
                 }
+                if let Err(rej) = self.recheck_history(rollout, epoch) {
+                    drop(slot);
+                    return Some(self.reject(rej));
+                }
                 let rollout = r.take().expect("checked above");
                 self.log_rollout(&rollout);
                 let added = p.add(rollout);
                 self.bytes.fetch_add(added, Relaxed);
                 if p.members.len() == k {
-                    let id = slot.key().clone();
-                    let p = slot.seal().expect("matched as pending above");
-                    self.pending.fetch_sub(1, Relaxed);
-                    drop(slot);
-                    self.tombstone(id.clone());
-                    self.make_ready(id, p);
+                    self.seal_into_ready(slot);
                 }
                 self.accepted();
                 Some(PushOutcome::Accepted)
             }
         }
+    }
+
+    /// The history check once more, for a rollout checked against a lineage
+    /// that a report has since replaced (`epoch` was read before that
+    /// check). One atomic load when nothing changed.
+    fn recheck_history(&self, r: &Rollout, epoch: u64) -> Result<(), Rejection> {
+        if self.lineage_epoch.load(Acquire) == epoch {
+            return Ok(());
+        }
+        let learner = self.learner.read();
+        validate::check_history(r, &learner.lineage, self.version.load(Relaxed))
+    }
+
+    /// Takes a new incarnation's lineage: re-bases admission on the current
+    /// counts and counts the draws the learner's weights do not contain.
+    /// Called under the `learner` write lock.
+    fn adopt_incarnation(
+        &self,
+        learner: &mut LearnerBooks,
+        lineage: Lineage,
+        groups_trained: u64,
+        old_version: u64,
+    ) {
+        let version = self.version.load(Relaxed);
+        if let Some(prev) = learner.lineage.current() {
+            learner.former.push(prev);
+            self.metrics.incarnation(prev).set(0.0);
+        }
+        let id = lineage.current().unwrap_or(0);
+        learner.lineage = lineage;
+        self.lineage_epoch.fetch_add(1, Release);
+        let samples = {
+            let mut l = self.ledger.lock();
+            l.rebase_consumed = l.consumed;
+            l.rebase_version = version;
+            l.samples
+        };
+        learner.lost_to_rollback = samples.saturating_sub(groups_trained);
+        self.metrics.incarnations.increment(1);
+        self.metrics.incarnation(id).set(1.0);
+        self.metrics
+            .lost_to_rollback
+            .set(learner.lost_to_rollback as f64);
+        tracing::info!(
+            incarnation = format!("{id:016x}"),
+            version,
+            old_version,
+            groups_trained,
+            group_samples = samples,
+            groups_lost_to_rollback = learner.lost_to_rollback,
+            "new learner incarnation: admission re-based"
+        );
+    }
+
+    /// The log record of the learner's state after a report.
+    fn version_record(&self, learner: &LearnerBooks, version: u64) -> walpb::Version {
+        let l = self.ledger.lock();
+        walpb::Version {
+            version,
+            lineage: learner.lineage.entries().to_vec(),
+            groups_lost_to_rollback: learner.lost_to_rollback,
+            rebase_retired: l.rebase_consumed,
+            rebase_version: l.rebase_version,
+        }
+    }
+
+    /// Evicts every held group with a token outside `history`. Pending
+    /// groups first: one that becomes ready after its shard was scanned was
+    /// judged there, and one that became ready before is in the ready store
+    /// by the time it is scanned.
+    fn evict_rolled_back(&self, history: &Lineage, version: u64) -> u64 {
+        let outside = |members: &[Rollout]| {
+            members.iter().any(|m| {
+                !history.contains(
+                    m.learner_incarnation,
+                    m.oldest_version(),
+                    m.newest_version(),
+                    version,
+                )
+            })
+        };
+        let pending: Vec<String> = self
+            .groups
+            .iter()
+            .filter_map(|e| match e.value() {
+                Slot::Pending(p) if outside(&p.members) => Some(e.key().clone()),
+                _ => None,
+            })
+            .collect();
+        let mut n = 0;
+        for id in pending {
+            n += u64::from(self.evict_pending(&id, EvictReason::RolledBack));
+        }
+        let mut ready = self.ready.lock();
+        let gone = ready.take_where(|g| outside(&g.members));
+        n += gone.len() as u64;
+        let gone = gone.into_iter().map(|g| (g.id.clone(), g.bytes)).collect();
+        self.release_evicted(gone, EvictReason::RolledBack);
+        n
     }
 
     /// Reserves a place for a new group, waiting while a bound says no.
@@ -575,11 +785,7 @@ impl Inner {
                     self.metrics.admitted.increment(1);
                     return Ok(());
                 }
-                Err(Hold::Full)
-                    if self.cfg.when_full == FullPolicy::DropOldest && self.drop_oldest() =>
-                {
-                    continue;
-                }
+                Err(Hold::Full) if self.make_room() => continue,
                 Err(why) => {
                     held_since.get_or_insert((Instant::now(), why));
                 }
@@ -590,18 +796,13 @@ impl Inner {
 
     fn try_admit(&self) -> Result<(), Hold> {
         let version = self.version.load(Relaxed);
+        let bytes = self.bytes.load(Relaxed);
         let mut l = self.ledger.lock();
-        if !self.capacity.has_room(l.held, self.bytes.load(Relaxed)) {
-            return Err(Hold::Full);
-        }
-        if !self.bound.admits(&l, version) {
-            return Err(Hold::Staleness);
-        }
-        if let Some(rl) = &self.limiter
-            && !rl.can_insert(&l)
-        {
-            return Err(Hold::RateLimited);
-        }
+        self.admission.check(&View {
+            ledger: &l,
+            version,
+            bytes,
+        })?;
         l.held += 1;
         l.inserted += 1;
         Ok(())
@@ -631,11 +832,27 @@ impl Inner {
         }
     }
 
-    /// Moves a sealed pending group into the ready store.
+    /// Seals a pending group and moves it into the ready store while its
+    /// shard is still locked. A snapshot reads the shards before the ready
+    /// store, so it must never find a group sealed (a tombstone) but not
+    /// yet ready: it would write the tombstone alone, and the `Ready`
+    /// record that follows would find no members to seal on replay.
+    fn seal_into_ready(&self, mut slot: RefMut<'_, String, Slot>) {
+        let Some(p) = slot.seal() else { return };
+        self.pending.fetch_sub(1, Relaxed);
+        let id = slot.key().clone();
+        self.after_seal();
+        self.make_ready(id.clone(), p);
+        drop(slot);
+        self.tombstone(id);
+    }
+
+    /// Moves a sealed pending group into the ready store. Called with the
+    /// group's shard locked (lock order: shard, then `ready`).
     fn make_ready(&self, id: String, p: PendingGroup) {
         let mut ready = self.ready.lock();
         let sequence = ready.next_sequence;
-        ready.next_sequence += 1;
+        ready.next_sequence = sequence.saturating_add(1);
         self.log(Kind::Ready(walpb::Ready {
             group_id: id.clone(),
             sequence,
@@ -685,10 +902,10 @@ impl Inner {
         self.changed.notify_waiters();
     }
 
-    /// Evicts the oldest ready group to make room. False when none is ready.
-    fn drop_oldest(&self) -> bool {
+    /// Asks the `when_full` policy for room; true when it evicted a group.
+    fn make_room(&self) -> bool {
         let mut ready = self.ready.lock();
-        let Some(g) = ready.pop_oldest() else {
+        let Some(g) = self.when_full.make_room(&mut ready) else {
             return false;
         };
         self.release_evicted(vec![(g.id.clone(), g.bytes)], EvictReason::Capacity);
@@ -747,23 +964,23 @@ impl Inner {
         // Retire groups that reached their last use, highest index first so
         // the remaining indices stay valid.
         picks.sort_unstable_by(|a, b| b.cmp(a));
-        let mut retired = 0u64;
+        let mut consumed = 0u64;
         for i in picks {
             if ready.uses_at(i) >= self.uses_per_group {
                 let g = ready.remove_at(i).expect("picked index is in range");
                 self.bytes.fetch_sub(g.bytes, Relaxed);
-                retired += 1;
+                consumed += 1;
             }
         }
         ledger.samples += k as u64;
-        ledger.retired += retired;
-        ledger.held -= retired;
+        ledger.consumed += consumed;
+        ledger.held -= consumed;
         drop(ledger);
         self.log(Kind::Sampled(walpb::Sampled { uses }));
         drop(ready);
         self.counters.samples.fetch_add(k as u64, Relaxed);
         self.metrics.samples.increment(k as u64);
-        self.metrics.retired.increment(retired);
+        self.metrics.consumed.increment(consumed);
         self.publish_gauges();
         Ok(out)
     }
@@ -771,226 +988,20 @@ impl Inner {
     fn publish_gauges(&self) {
         let version = self.version.load(Relaxed);
         let ready = self.ready.lock().len();
+        let limit = self.bound.limit(&self.ledger.lock(), version);
         let h = &self.metrics;
         h.pending.set(self.pending.load(Relaxed) as f64);
         h.ready.set(ready as f64);
         h.bytes.set(self.bytes.load(Relaxed) as f64);
         h.version.set(version as f64);
-        h.admission_limit.set(self.bound.limit(version) as f64);
-    }
-
-    /// Rebuilds the state from log records (see `wal.rs` on idempotence).
-    fn replay(&self, records: Vec<walpb::Record>) {
-        let mut ready: HashMap<String, (ReadyGroup, u32)> = HashMap::new();
-        let mut retired = 0u64;
-        let mut next_sequence = 0u64;
-        let now = Instant::now();
-        let n_records = records.len();
-        for rec in records {
-            match rec.kind {
-                Some(Kind::Meta(meta)) => {
-                    self.version.store(meta.learner_version, Relaxed);
-                    retired = meta.retired_groups;
-                    next_sequence = next_sequence.max(meta.next_sequence);
-                }
-                Some(Kind::Version(v)) => self.version.store(v.version, Relaxed),
-                Some(Kind::Rollout(w)) => {
-                    let r = match wire::rollout_from_wire(w) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            tracing::warn!("skipping unreadable logged rollout: {}", e.reason);
-                            continue;
-                        }
-                    };
-                    match self.groups.entry(r.group_id.clone()) {
-                        Entry::Vacant(v) => {
-                            v.insert(Slot::Pending(PendingGroup::new(r, now)));
-                        }
-                        Entry::Occupied(mut o) => {
-                            if let Slot::Pending(p) = o.get_mut()
-                                && !p.contains(&r.id)
-                            {
-                                p.add(r);
-                            }
-                        }
-                    }
-                }
-                Some(Kind::Ready(rd)) => {
-                    next_sequence = next_sequence.max(rd.sequence + 1);
-                    if let Some(mut slot) = self.groups.get_mut(&rd.group_id)
-                        && let Some(p) = slot.seal()
-                    {
-                        let g = ReadyGroup {
-                            id: rd.group_id.clone(),
-                            members: p.members,
-                            oldest_version: p.oldest_version,
-                            sequence: rd.sequence,
-                            bytes: p.bytes,
-                        };
-                        ready.insert(rd.group_id, (g, 0));
-                    }
-                }
-                Some(Kind::Sampled(s)) => {
-                    for u in s.uses {
-                        if let Some((_, used)) = ready.get_mut(&u.group_id) {
-                            *used = (*used).max(u.use_count);
-                            if *used >= self.uses_per_group {
-                                ready.remove(&u.group_id);
-                                retired += 1;
-                            }
-                        }
-                    }
-                }
-                Some(Kind::Evicted(e)) => {
-                    let reason = EvictReason::from_label(&e.reason);
-                    for id in e.group_ids {
-                        let was_ready = ready.remove(&id).is_some();
-                        let was_pending = self
-                            .groups
-                            .get_mut(&id)
-                            .is_some_and(|mut slot| slot.seal().is_some());
-                        if let Some(r) = reason
-                            && (was_ready || was_pending)
-                        {
-                            self.counters.evictions[r.index()].fetch_add(1, Relaxed);
-                        }
-                    }
-                }
-                Some(Kind::Tombstone(t)) => {
-                    self.groups
-                        .entry(t.group_id)
-                        .or_insert_with(|| Slot::Sealed(t.rollout_ids));
-                }
-                None => {}
-            }
-        }
-        // Groups whose last member landed but whose ready record did not.
-        let complete: Vec<String> = self
-            .groups
-            .iter()
-            .filter_map(|e| match e.value() {
-                Slot::Pending(p) if p.members.len() >= self.cfg.group_size as usize => {
-                    Some(e.key().clone())
-                }
-                _ => None,
-            })
-            .collect();
-        let mut store = self.ready.lock();
-        let mut ready: Vec<_> = ready.into_values().collect();
-        ready.sort_by_key(|(g, _)| g.sequence);
-        store.next_sequence = next_sequence;
-        let mut bytes = 0;
-        for (g, used) in ready {
-            bytes += g.bytes;
-            store.push(Arc::new(g), used);
-        }
-        for id in complete {
-            if let Some(mut slot) = self.groups.get_mut(&id)
-                && let Some(p) = slot.seal()
-            {
-                let sequence = store.next_sequence;
-                store.next_sequence += 1;
-                bytes += p.bytes;
-                store.push(
-                    Arc::new(ReadyGroup {
-                        id,
-                        members: p.members,
-                        oldest_version: p.oldest_version,
-                        sequence,
-                        bytes: p.bytes,
-                    }),
-                    0,
-                );
-            }
-        }
-        let mut pending = 0;
-        let mut tombstones = self.tombstones.lock();
-        for e in self.groups.iter() {
-            match e.value() {
-                Slot::Pending(p) => {
-                    pending += 1;
-                    bytes += p.bytes;
-                }
-                Slot::Sealed(_) => tombstones.push_back(e.key().clone()),
-            }
-        }
-        let held = pending + store.len() as u64;
-        let samples: u64 = store.iter().map(|(_, u)| *u as u64).sum::<u64>()
-            + retired * self.uses_per_group as u64;
-        *self.ledger.lock() = Ledger {
-            retired,
-            held,
-            inserted: retired + held,
-            samples,
-        };
-        self.pending.store(pending, Relaxed);
-        self.bytes.store(bytes, Relaxed);
-        tracing::info!(
-            records = n_records,
-            ready = store.len(),
-            pending,
-            retired,
-            version = self.version.load(Relaxed),
-            "replayed write-ahead log"
-        );
-    }
-
-    /// The live state as log records, for compaction. See the module docs of
-    /// `wal.rs` for why records queued meanwhile may be replayed on top.
-    fn snapshot(&self) -> Vec<walpb::Record> {
-        let rec = |kind| walpb::Record { kind: Some(kind) };
-        let mut pending_records = Vec::new();
-        let mut sealed = Vec::new();
-        for e in self.groups.iter() {
-            match e.value() {
-                Slot::Pending(p) => {
-                    for m in &p.members {
-                        pending_records.push(rec(Kind::Rollout(wire::rollout_to_wire(m))));
-                    }
-                }
-                Slot::Sealed(ids) => sealed.push((e.key().clone(), ids.clone())),
-            }
-        }
-        let ready = self.ready.lock();
-        let meta = walpb::Meta {
-            learner_version: self.version.load(Relaxed),
-            retired_groups: self.ledger.lock().retired,
-            next_sequence: ready.next_sequence,
-        };
-        let live: Vec<(Arc<ReadyGroup>, u32)> = ready.iter().cloned().collect();
-        drop(ready);
-        let mut out = vec![rec(Kind::Meta(meta))];
-        out.append(&mut pending_records);
-        let mut live_ids = std::collections::HashSet::new();
-        for (g, used) in live {
-            live_ids.insert(g.id.clone());
-            for m in &g.members {
-                out.push(rec(Kind::Rollout(wire::rollout_to_wire(m))));
-            }
-            out.push(rec(Kind::Ready(walpb::Ready {
-                group_id: g.id.clone(),
-                sequence: g.sequence,
-            })));
-            if used > 0 {
-                out.push(rec(Kind::Sampled(walpb::Sampled {
-                    uses: vec![walpb::GroupUse {
-                        group_id: g.id.clone(),
-                        use_count: used,
-                    }],
-                })));
-            }
-        }
-        for (id, ids) in sealed {
-            if !live_ids.contains(&id) {
-                out.push(rec(Kind::Tombstone(walpb::Tombstone {
-                    group_id: id,
-                    rollout_ids: ids,
-                })));
-            }
-        }
-        out
+        h.admission_limit.set(limit as f64);
+        h.lost_to_rollback
+            .set(self.learner.read().lost_to_rollback as f64);
     }
 }
+
+#[path = "recovery.rs"]
+mod recovery;
 
 #[cfg(test)]
 #[path = "store_tests.rs"]

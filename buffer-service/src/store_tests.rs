@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::{
-    config::{FsyncPolicy, SamplingMode},
+    config::{FsyncPolicy, FullPolicy, SamplingMode},
     rollout::{FinishReason, VersionRuns},
 };
 use bapo_proto::packed::{pack_f32, pack_u32};
@@ -23,6 +23,8 @@ fn rollout(group: &str, id: &str, versions: &[u64]) -> Rollout {
         actor_id: "a0".into(),
         task: "arith".into(),
         metadata: Default::default(),
+        learner_incarnation: 0,
+        sampling: None,
     }
 }
 
@@ -68,7 +70,7 @@ async fn group_is_sampleable_only_when_complete() {
     assert!(b.sample(1, NOW, false).await.is_err());
     let s = b.stats();
     assert_eq!(
-        (s.groups_pending, s.groups_ready, s.groups_retired),
+        (s.groups_pending, s.groups_ready, s.groups_consumed),
         (0, 0, 1)
     );
     assert_eq!(s.bytes_held, 0);
@@ -252,7 +254,7 @@ async fn replay_reuses_each_group_at_most_max_reuse_times() {
     assert!(uses.values().all(|&n| n == 3), "{uses:?}");
     let s = b.stats();
     assert_eq!(
-        (s.groups_ready, s.groups_retired, s.group_samples),
+        (s.groups_ready, s.groups_consumed, s.group_samples),
         (0, 4, 12)
     );
 }
@@ -372,7 +374,7 @@ async fn log_restores_unconsumed_groups_and_not_consumed_ones() {
     let s = b.stats();
     assert_eq!(s.learner_version, 2);
     assert_eq!(
-        (s.groups_ready, s.groups_pending, s.groups_retired),
+        (s.groups_ready, s.groups_pending, s.groups_consumed),
         (1, 1, 1)
     );
     // A re-sent member of the consumed group is a duplicate, not a new group.
@@ -402,11 +404,380 @@ async fn log_restores_unconsumed_groups_and_not_consumed_ones() {
     let b = Buffer::open(c).unwrap();
     let s = b.stats();
     assert_eq!(
-        (s.groups_ready, s.groups_pending, s.groups_retired),
+        (s.groups_ready, s.groups_pending, s.groups_consumed),
         (0, 0, 3)
     );
     assert_eq!(
         b.push(rollout("ready", "ready-1", &[2]), 10).await.unwrap(),
         PushOutcome::Duplicate
     );
+}
+
+fn durable_cfg(dir: &std::path::Path, group_size: u32) -> BufferConfig {
+    let mut c = cfg(group_size, 8, 8);
+    c.data_dir = Some(dir.to_path_buf());
+    c.fsync = FsyncPolicy::Never;
+    c
+}
+
+/// Sets a hook that, the first time a group is sealed, asks the log for a
+/// compaction and lets its snapshot run (or block) right there.
+fn compact_on_first_seal(b: &Buffer) {
+    use std::sync::{Mutex as StdMutex, atomic::AtomicBool, mpsc};
+    let (entered_tx, entered_rx) = mpsc::channel::<()>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let snapshot = recovery::snapshot_source(Arc::downgrade(&b.inner));
+    let wal = b.inner.wal.as_ref().expect("a durable buffer");
+    wal.set_snapshot(Box::new(move || {
+        let _ = entered_tx.send(());
+        let out = snapshot();
+        let _ = done_tx.send(());
+        out
+    }));
+    let weak = Arc::downgrade(&b.inner);
+    let fired = AtomicBool::new(false);
+    let rx = StdMutex::new((entered_rx, done_rx));
+    *b.inner.on_seal.lock() = Some(Box::new(move || {
+        if fired.swap(true, Relaxed) {
+            return;
+        }
+        let Some(inner) = weak.upgrade() else { return };
+        inner.wal.as_ref().expect("durable").compact();
+        let rx = rx.lock().unwrap();
+        rx.0.recv_timeout(Duration::from_secs(5))
+            .expect("the compaction started");
+        // Give the snapshot time to finish; it may not, if it must wait
+        // for this seal to complete.
+        let _ = rx.1.recv_timeout(Duration::from_millis(300));
+    }));
+}
+
+#[tokio::test]
+async fn a_snapshot_between_seal_and_ready_keeps_the_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = durable_cfg(dir.path(), 2);
+    {
+        let b = Buffer::open(c.clone()).unwrap();
+        b.sync().await.unwrap(); // the compaction at open is done
+        push_group(&b, "early", 2, 0).await;
+        b.push(rollout("g", "g-0", &[0]), 10).await.unwrap();
+        compact_on_first_seal(&b);
+        b.push(rollout("g", "g-1", &[0]), 10).await.unwrap();
+        b.sync().await.unwrap();
+        b.close().await.unwrap();
+    }
+    let b = Buffer::open(c).unwrap();
+    let s = b.stats();
+    assert_eq!((s.groups_ready, s.groups_pending), (2, 0), "{s:?}");
+    let batch = b.sample(2, NOW, false).await.unwrap();
+    let got: Vec<_> = batch
+        .iter()
+        .map(|g| (g.group.id.as_str(), g.group.members.len()))
+        .collect();
+    assert_eq!(got, [("early", 2), ("g", 2)]);
+}
+
+#[tokio::test]
+async fn single_member_groups_are_pruned_and_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = durable_cfg(dir.path(), 1);
+    c.dedup_window_groups = 8;
+    c.batch_groups = 10;
+    c.max_staleness = 100;
+    c.compact_bytes = 4096; // compactions during the workload
+    let n = 200;
+    let consumed = 120;
+    {
+        let b = Buffer::open(c.clone()).unwrap();
+        for g in 0..n {
+            push_group(&b, &format!("g{g:03}"), 1, 0).await;
+            if g % 10 == 9 && g < consumed {
+                assert_eq!(b.sample(10, NOW, false).await.unwrap().len(), 10);
+            }
+        }
+        b.sweep(Instant::now());
+        let held = b.stats().groups_ready;
+        assert_eq!(held, (n - consumed) as u64);
+        assert!(
+            b.inner.groups.len() <= c.dedup_window_groups,
+            "{} group slots kept for a window of {}",
+            b.inner.groups.len(),
+            c.dedup_window_groups
+        );
+        assert!(b.inner.tombstones.lock().len() <= c.dedup_window_groups);
+        b.close().await.unwrap();
+    }
+    let b = Buffer::open(c).unwrap();
+    let s = b.stats();
+    assert_eq!(
+        (s.groups_ready, s.groups_pending),
+        ((n - consumed) as u64, 0)
+    );
+    let mut ids = Vec::new();
+    while let Ok(batch) = b.sample(10, NOW, false).await {
+        ids.extend(batch.into_iter().map(|g| g.group.id.clone()));
+    }
+    let want: Vec<String> = (consumed..n).map(|g| format!("g{g:03}")).collect();
+    assert_eq!(ids, want);
+}
+
+#[tokio::test]
+async fn a_snapshot_of_a_dropped_buffer_is_refused_and_keeps_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Buffer::open(durable_cfg(dir.path(), 2)).unwrap();
+    let source = recovery::snapshot_source(Arc::downgrade(&b.inner));
+    b.close().await.unwrap();
+    drop(b);
+    // Another log, compacted with the dropped buffer's snapshot: it must
+    // keep its records rather than be rewritten empty.
+    let other = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(other.path(), FsyncPolicy::Never, Duration::ZERO, 1 << 30).unwrap();
+    let version = |v| walpb::Record {
+        kind: Some(Kind::Version(walpb::Version {
+            version: v,
+            ..Default::default()
+        })),
+    };
+    wal.append_record(&version(7));
+    wal.set_snapshot(source);
+    wal.compact();
+    wal.close().await.unwrap();
+    let (_, rec) = Wal::open(other.path(), FsyncPolicy::Never, Duration::ZERO, 1 << 30).unwrap();
+    assert_eq!(rec.records, vec![version(7)]);
+}
+
+// Learner incarnations (docs/architecture.md, "Failure model").
+
+const A: u64 = 0xA;
+const B: u64 = 0xB;
+
+fn inc(id: u64, first_version: u64) -> Incarnation {
+    Incarnation { id, first_version }
+}
+
+fn from(incarnation: u64, group: &str, id: &str, versions: &[u64]) -> Rollout {
+    Rollout {
+        learner_incarnation: incarnation,
+        ..rollout(group, id, versions)
+    }
+}
+
+fn report(version: u64, lineage: &[Incarnation], groups_trained: u64) -> LearnerReport {
+    LearnerReport {
+        version,
+        lineage: lineage.to_vec(),
+        groups_trained,
+    }
+}
+
+fn label(out: PushOutcome) -> &'static str {
+    match out {
+        PushOutcome::Rejected(r) => r.label,
+        PushOutcome::Accepted => "accepted",
+        PushOutcome::Duplicate => "duplicate",
+    }
+}
+
+/// Incarnation A at version 70 with admission at its limit (80 groups
+/// consumed, 7 held, limit (16 + 70 + 1) × 1 = 87), then B resumes from A's
+/// checkpoint at version 50 having trained on 60 group draws.
+async fn freeze_then_resume(b: &Buffer) -> ReportOutcome {
+    start_a_at_70(b);
+    for g in 0..87 {
+        let out = b.push(from(A, &format!("a{g}"), "r", &[70]), 10).await;
+        assert_eq!(out.unwrap(), PushOutcome::Accepted);
+    }
+    for _ in 0..80 {
+        b.sample(1, NOW, false).await.unwrap();
+    }
+    let s = b.stats();
+    assert_eq!((s.admitted_groups, s.admission_limit), (87, 87));
+    b.report(report(50, &[inc(A, 0), inc(B, 50)], 60)).unwrap()
+}
+
+/// A starts fresh (admission based at version 0) and trains to 70.
+fn start_a_at_70(b: &Buffer) {
+    b.report(report(0, &[inc(A, 0)], 0)).unwrap();
+    b.report(report(70, &[inc(A, 0)], 0)).unwrap();
+}
+
+fn incarnation_cfg() -> BufferConfig {
+    cfg(1, 1, 16)
+}
+
+#[tokio::test]
+async fn a_new_incarnation_at_a_lower_version_is_admitted_data_again() {
+    let b = Buffer::open(incarnation_cfg()).unwrap();
+    start_a_at_70(&b);
+    for g in 0..87 {
+        push_group(&b, &format!("a{g}"), 1, 70).await;
+    }
+    // At the limit: the next group waits...
+    let held = {
+        let b = b.clone();
+        tokio::spawn(async move { b.push(from(A, "late", "r", &[70]), 10).await })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(!held.is_finished());
+    for _ in 0..80 {
+        b.sample(1, NOW, false).await.unwrap();
+    }
+    // ...and after B resumes at 50, without the re-base, would wait forever:
+    // (16 + 50 + 1) × 1 = 67 < 87 groups counted.
+    let out = b.report(report(50, &[inc(A, 0), inc(B, 50)], 60)).unwrap();
+    assert_eq!(out.evicted_rolled_back, 7);
+    assert_eq!(b.learner_version(), 50);
+    // The held group of A's version 70 is outside the history now.
+    let late = tokio::time::timeout(Duration::from_secs(1), held)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(label(late), "rolled_back");
+    for g in 0..17 {
+        let out = tokio::time::timeout(
+            Duration::from_secs(1),
+            b.push(from(B, &format!("b{g}"), "r", &[50]), 10),
+        )
+        .await
+        .expect("admitted at once after the re-base")
+        .unwrap();
+        assert_eq!(out, PushOutcome::Accepted);
+    }
+    let s = b.stats();
+    assert_eq!((s.admitted_groups, s.admission_limit), (17, 17));
+}
+
+#[tokio::test]
+async fn a_new_incarnation_evicts_rolled_back_groups_and_counts_lost_draws() {
+    let b = Buffer::open(cfg(2, 1, 32)).unwrap();
+    b.report(report(70, &[inc(A, 0)], 0)).unwrap();
+    // Ready: one in the new history (A at 50), one outside (A at 60).
+    for (g, v) in [("keep", 50), ("gone", 60)] {
+        for i in 0..2 {
+            b.push(from(A, g, &format!("{g}{i}"), &[v]), 10)
+                .await
+                .unwrap();
+        }
+    }
+    // Pending: outside (A at 51), unrecorded incarnation at 70 (judged by
+    // version: beyond 50), and inside (A up to 50).
+    for (g, inc, versions) in [
+        ("p-gone", A, &[49, 51][..]),
+        ("p-zero", 0, &[70]),
+        ("p-keep", A, &[45, 50]),
+    ] {
+        let out = b.push(from(inc, g, "x", versions), 10).await.unwrap();
+        assert_eq!(out, PushOutcome::Accepted, "{g}");
+    }
+    let before = b.stats().group_samples;
+    assert_eq!(before, 0);
+    let out = b.report(report(50, &[inc(A, 0), inc(B, 50)], 0)).unwrap();
+    assert_eq!(out.evicted_rolled_back, 3);
+    let s = b.stats();
+    assert_eq!(s.evictions["rolled_back"], 3);
+    assert_eq!((s.groups_ready, s.groups_pending), (1, 1));
+    assert_eq!(s.learner_incarnation, B);
+    assert_eq!(
+        s.groups_admitted,
+        s.groups_consumed + 3 + s.groups_ready + s.groups_pending
+    );
+    assert_eq!(b.sample(1, NOW, false).await.unwrap()[0].group.id, "keep");
+}
+
+#[tokio::test]
+async fn rollouts_are_judged_by_the_history() {
+    let b = Buffer::open(incarnation_cfg()).unwrap();
+    let out = freeze_then_resume(&b).await;
+    assert_eq!(out.evicted_rolled_back, 7);
+    let push = |r| {
+        let b = b.clone();
+        async move { label(b.push(r, 10).await.unwrap()) }
+    };
+    // A's versions up to B's start are B's too.
+    assert_eq!(push(from(A, "a-old", "r", &[45, 50])).await, "accepted");
+    assert_eq!(push(from(A, "a-new", "r", &[50, 51])).await, "rolled_back");
+    assert_eq!(push(from(0xC, "c", "r", &[1])).await, "rolled_back");
+    assert_eq!(push(from(B, "b", "r", &[50])).await, "accepted");
+    assert_eq!(
+        push(from(B, "b-future", "r", &[51])).await,
+        "future_version"
+    );
+    // Not recorded: by version only, as before incarnations.
+    assert_eq!(push(from(0, "z", "r", &[50])).await, "accepted");
+    assert_eq!(
+        push(from(0, "z-future", "r", &[55])).await,
+        "future_version"
+    );
+    let s = b.stats();
+    assert_eq!(s.rejections["rolled_back"], 2);
+    match b.push(from(0xC, "c2", "r", &[1]), 10).await.unwrap() {
+        PushOutcome::Rejected(r) => {
+            assert_eq!(r.code, RejectCode::FailedPrecondition);
+            assert!(r.reason.contains("000000000000000c"), "{}", r.reason);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_zombie_learner_is_refused_by_name() {
+    let b = Buffer::open(incarnation_cfg()).unwrap();
+    freeze_then_resume(&b).await;
+    let err = b.report(report(71, &[inc(A, 0)], 80)).unwrap_err();
+    assert!(matches!(err, BufferError::Superseded(_)), "{err}");
+    assert!(err.to_string().contains("000000000000000a"), "{err}");
+    assert_eq!(b.learner_version(), 50, "a refused report changes nothing");
+    // The current incarnation goes on; a legacy report is still taken.
+    b.report(report(51, &[inc(A, 0), inc(B, 50)], 61)).unwrap();
+    assert_eq!(b.report_version(52), 0);
+    assert_eq!(b.stats().learner_incarnation, B);
+}
+
+#[tokio::test]
+async fn lost_draws_are_those_handed_out_beyond_the_trained_ones() {
+    let b = Buffer::open(incarnation_cfg()).unwrap();
+    freeze_then_resume(&b).await;
+    // 80 draws handed out, B's weights contain 60.
+    assert_eq!(b.stats().groups_lost_to_rollback, 20);
+    // A learner that trained on more than was handed out: none lost.
+    b.report(report(50, &[inc(A, 0), inc(B, 50), inc(0xC, 50)], 500))
+        .unwrap();
+    assert_eq!(b.stats().groups_lost_to_rollback, 0);
+}
+
+#[tokio::test]
+async fn lineage_and_rebase_survive_replay_and_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = incarnation_cfg();
+    c.data_dir = Some(dir.path().to_path_buf());
+    c.fsync = FsyncPolicy::Never;
+    let before = {
+        let b = Buffer::open(c.clone()).unwrap();
+        freeze_then_resume(&b).await;
+        push_group(&b, "b0", 1, 50).await;
+        b.sync().await.unwrap();
+        b.stats()
+        // Dropped without close(): as if killed.
+    };
+    // The first open replays the raw log; the second the compacted one.
+    for _ in 0..2 {
+        let b = Buffer::open(c.clone()).unwrap();
+        let s = b.stats();
+        assert_eq!(s.learner_version, 50);
+        assert_eq!(s.learner_incarnation, B);
+        assert_eq!(s.groups_lost_to_rollback, 20);
+        assert_eq!(
+            (s.admitted_groups, s.admission_limit),
+            (before.admitted_groups, before.admission_limit)
+        );
+        assert_eq!(s.evictions["rolled_back"], 7);
+        assert_eq!(s.groups_admitted, before.groups_admitted);
+        assert_eq!(
+            label(b.push(from(A, "a-new", "r", &[51]), 10).await.unwrap()),
+            "rolled_back"
+        );
+        assert!(b.report(report(71, &[inc(A, 0)], 0)).is_err());
+        b.close().await.unwrap();
+    }
 }

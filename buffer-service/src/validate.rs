@@ -4,7 +4,7 @@
 
 use bapo_proto::packed;
 
-use crate::rollout::Rollout;
+use crate::{lineage::Lineage, rollout::Rollout};
 
 /// gRPC-compatible classification of a refusal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,10 +61,12 @@ impl Rejection {
 
 /// Limits a rollout is checked against.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub struct Limits<'a> {
     pub max_tokens: usize,
     pub max_rollout_bytes: usize,
     pub learner_version: u64,
+    /// The learner's history; `None` (or empty) judges by version only.
+    pub lineage: Option<&'a Lineage>,
 }
 
 /// Checks one rollout. `encoded_len` is its size on the wire.
@@ -176,6 +178,9 @@ pub fn check(r: &Rollout, encoded_len: usize, limits: Limits) -> Result<(), Reje
             format!("token_rewards[{i}] = {x} is not finite"),
         );
     }
+    if let Some(lineage) = limits.lineage {
+        check_history(r, lineage, limits.learner_version)?;
+    }
     if let Some(newest) = r.versions.newest()
         && newest > limits.learner_version
     {
@@ -189,6 +194,33 @@ pub fn check(r: &Rollout, encoded_len: usize, limits: Limits) -> Result<(), Reje
         );
     }
     Ok(())
+}
+
+/// Refuses a rollout whose tokens are not in the learner's history (weights
+/// of a learner incarnation that a resumed one rolled back). Checked before
+/// `future_version`: such tokens are usually newer than the rolled-back
+/// version, and `rolled_back` says why they will never be accepted.
+pub fn check_history(r: &Rollout, lineage: &Lineage, version: u64) -> Result<(), Rejection> {
+    let (oldest, newest) = (r.oldest_version(), r.newest_version());
+    // The current incarnation's range is left open above: its versions
+    // beyond the learner's are `future_version`, not rolled back.
+    if r.learner_incarnation == 0
+        || lineage.contains(r.learner_incarnation, oldest, newest, u64::MAX)
+    {
+        return Ok(());
+    }
+    let reason = format!(
+        "learner_incarnation {:016x}, versions {oldest}..={newest}, is not in the learner's history \
+         (current incarnation {:016x} at version {version}): those weights were rolled back",
+        r.learner_incarnation,
+        lineage.current().unwrap_or(0),
+    );
+    Err(Rejection::new(
+        r,
+        RejectCode::FailedPrecondition,
+        "rolled_back",
+        reason,
+    ))
 }
 
 #[cfg(test)]
@@ -211,6 +243,8 @@ mod tests {
             actor_id: "a".into(),
             task: "arith".into(),
             metadata: Default::default(),
+            learner_incarnation: 0,
+            sampling: None,
         }
     }
 
@@ -218,6 +252,7 @@ mod tests {
         max_tokens: 8,
         max_rollout_bytes: 1000,
         learner_version: 3,
+        lineage: None,
     };
 
     fn label(r: &Rollout, len: usize) -> &'static str {
@@ -276,5 +311,100 @@ mod tests {
         let mut r = rollout();
         r.token_rewards = pack_f32(&[0.0]);
         assert_eq!(label(&r, 10), "length_mismatch");
+    }
+
+    mod props {
+        use super::*;
+        use crate::{lineage::Lineage, wire};
+        use bapo_proto::v1::{self, Incarnation};
+        use bytes::Bytes;
+        use proptest::prelude::*;
+
+        const LABELS: &[&str] = &[
+            "too_large",
+            "missing_id",
+            "empty_response",
+            "length_mismatch",
+            "too_many_tokens",
+            "non_finite",
+            "positive_logprob",
+            "rolled_back",
+            "future_version",
+            "malformed_array",
+        ];
+
+        /// Packed arrays of any length (ragged ones included), with values
+        /// biased towards the edges: NaN, infinities, 0, tiny and huge.
+        fn array() -> impl Strategy<Value = Bytes> {
+            let value = prop_oneof![
+                any::<u32>(),
+                prop::sample::select(vec![
+                    0,
+                    1,
+                    f32::NAN.to_bits(),
+                    f32::INFINITY.to_bits(),
+                    (-0.5f32).to_bits(),
+                    u32::MAX,
+                ]),
+            ];
+            let whole = prop::collection::vec(value, 0..12).prop_map(|v| pack_u32(&v));
+            let ragged = prop::collection::vec(any::<u8>(), 0..9).prop_map(Bytes::from);
+            prop_oneof![4 => whole, 1 => ragged]
+        }
+
+        fn wire_rollout() -> impl Strategy<Value = v1::Rollout> {
+            let ids = (
+                prop::sample::select(vec!["", "r", "r\"quoted\""]),
+                prop::sample::select(vec!["", "g"]),
+            );
+            let arrays = (array(), array(), array(), array(), array());
+            let scalars = (any::<f32>(), any::<i32>(), 0u64..4);
+            (ids, arrays, scalars).prop_map(|((id, g), (p, t, lp, v, tr), (reward, fin, inc))| {
+                v1::Rollout {
+                    rollout_id: id.into(),
+                    group_id: g.into(),
+                    prompt_tokens: p,
+                    response_tokens: t,
+                    behavior_logprobs: lp,
+                    token_versions: v,
+                    reward,
+                    token_rewards: tr,
+                    finish_reason: fin,
+                    learner_incarnation: inc,
+                    ..Default::default()
+                }
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+            #[test]
+            fn any_rollout_is_accepted_or_refused_by_name(
+                w in wire_rollout(),
+                len in 0usize..2000,
+                version in any::<u64>(),
+                max_tokens in 0usize..16,
+                lineage in any::<bool>(),
+            ) {
+                let id = w.rollout_id.clone();
+                let history = Lineage::new(vec![
+                    Incarnation { id: 1, first_version: 0 },
+                    Incarnation { id: 2, first_version: version / 2 },
+                ]);
+                let limits = Limits {
+                    max_tokens,
+                    max_rollout_bytes: 1000,
+                    learner_version: version,
+                    lineage: lineage.then_some(&history),
+                };
+                let judged = wire::rollout_from_wire(w).and_then(|r| check(&r, len, limits));
+                if let Err(e) = judged {
+                    prop_assert!(LABELS.contains(&e.label), "unknown label {}", e.label);
+                    prop_assert!(e.reason.contains(&format!("{id:?}")), "{}", e.reason);
+                    prop_assert!(e.reason.len() > id.len() + 20, "{}", e.reason);
+                }
+            }
+        }
     }
 }

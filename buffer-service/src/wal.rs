@@ -40,8 +40,15 @@ const MAX_FRAME: u32 = 1 << 30;
 /// Frames written between checks of the channel, to bound barrier latency.
 const MAX_ROUND: usize = 4096;
 
-/// Builds the records of a compacted log: the live state of the buffer.
-pub type Snapshot = Box<dyn Fn() -> Vec<Record> + Send + Sync>;
+/// Builds the records of a compacted log: the live state of the buffer, or
+/// a refusal when that state is gone (a dropped buffer): an empty snapshot
+/// would replace the log and lose everything in it.
+pub type Snapshot = Box<dyn Fn() -> Result<Vec<Record>, SnapshotRefused> + Send + Sync>;
+
+/// Why a snapshot could not be taken; the log is then left as it is.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("no snapshot for compaction: {0}")]
+pub struct SnapshotRefused(pub String);
 
 /// A failed log: every later barrier reports it.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -309,8 +316,13 @@ impl Writer {
         if self.failed.is_some() {
             return;
         }
-        let records = match self.snapshot.lock().as_ref() {
-            Some(f) => f(),
+        let records = match self.snapshot.lock().as_ref().map(|f| f()) {
+            Some(Ok(records)) => records,
+            Some(Err(e)) => {
+                tracing::warn!(path = %self.path.display(), "{e}; keeping the log as it is");
+                self.compact_at = self.compact_bytes.max(self.bytes.saturating_mul(2));
+                return;
+            }
             None => return,
         };
         let t = Instant::now();
@@ -379,7 +391,9 @@ fn read_log(path: &Path) -> anyhow::Result<Recovered> {
         }
         let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
         let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
-        if len > MAX_FRAME {
+        // A length past the end of the file is a torn frame (or a damaged
+        // header): cut it rather than allocate for it.
+        if len > MAX_FRAME || good + 8 + u64::from(len) > total {
             break;
         }
         payload.resize(len as usize, 0);
@@ -415,7 +429,10 @@ mod tests {
 
     fn version(v: u64) -> Record {
         Record {
-            kind: Some(Kind::Version(Version { version: v })),
+            kind: Some(Kind::Version(Version {
+                version: v,
+                ..Default::default()
+            })),
         }
     }
 
@@ -482,7 +499,7 @@ mod tests {
         for v in 1..=100 {
             wal.append_record(&version(v));
         }
-        wal.set_snapshot(Box::new(|| vec![version(100)]));
+        wal.set_snapshot(Box::new(|| Ok(vec![version(100)])));
         wal.compact();
         wal.append_record(&version(101));
         wal.close().await.unwrap();

@@ -10,7 +10,7 @@ use bapo_proto::{packed, v1};
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::{
-    rollout::{FinishReason, Rollout, VersionRuns},
+    rollout::{FinishReason, Rollout, Sampling, VersionRuns},
     validate::{RejectCode, Rejection},
 };
 
@@ -83,6 +83,12 @@ pub fn rollout_from_wire(r: v1::Rollout) -> Result<Rollout, Rejection> {
         actor_id: r.actor_id,
         task: r.task,
         metadata: r.metadata,
+        learner_incarnation: r.learner_incarnation,
+        sampling: r.sampling.map(|s| Sampling {
+            temperature: s.temperature,
+            top_k: s.top_k,
+            top_p: s.top_p,
+        }),
     })
 }
 
@@ -101,6 +107,12 @@ pub fn rollout_to_wire(r: &Rollout) -> v1::Rollout {
         actor_id: r.actor_id.clone(),
         task: r.task.clone(),
         metadata: r.metadata.clone(),
+        learner_incarnation: r.learner_incarnation,
+        sampling: r.sampling.map(|s| v1::SamplingParams {
+            temperature: s.temperature,
+            top_k: s.top_k,
+            top_p: s.top_p,
+        }),
     }
 }
 
@@ -124,6 +136,12 @@ mod tests {
             actor_id: "a".into(),
             task: "t".into(),
             metadata: [("k".to_string(), "v".to_string())].into(),
+            learner_incarnation: 0xfeed,
+            sampling: Some(v1::SamplingParams {
+                temperature: 0.7,
+                top_k: 0,
+                top_p: 1.0,
+            }),
         };
         let core = rollout_from_wire(w.clone()).unwrap();
         assert_eq!(core.finish_reason, FinishReason::Length);

@@ -8,24 +8,30 @@ use serde::{Deserialize, Serialize};
 
 pub const EPS_ADV: f64 = 1e-6;
 
+/// How a group's rewards become advantages; `[learner] advantage` names
+/// one, else the loss's registry entry chooses (`loss::registry::ENTRIES`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum StdKind {
-    /// N − 1 (torch.std, verl).
-    Unbiased,
-    /// N (numpy.std; VCPO's helper).
-    Population,
+pub enum Estimator {
+    /// `(R − mean) / (std + ε)` with the unbiased (N − 1) std, as
+    /// `torch.std` in verl.
+    Grpo,
+    /// `(R − mean) / (std + ε)` with the population (N) std, as numpy and
+    /// VCPO's helper.
+    GrpoPopulation,
+    /// `R − mean`: Dr. GRPO, and Trinity's REINFORCE family (OPMD, AsymRE;
+    /// AsymRE's lowered baseline lives in its loss, not here).
+    DrGrpo,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", tag = "kind")]
-pub enum Estimator {
-    /// `(R − mean) / (std + ε)`.
-    Grpo { std: StdKind },
-    /// `R − mean`.
-    DrGrpo,
-    /// `R − mean + shift`: AsymRE lowers the baseline (shift 0.1).
-    Shifted { shift: f64 },
+impl Estimator {
+    pub fn name(self) -> &'static str {
+        match self {
+            Estimator::Grpo => "grpo",
+            Estimator::GrpoPopulation => "grpo-population",
+            Estimator::DrGrpo => "dr-grpo",
+        }
+    }
 }
 
 /// Advantages of one group, in the order of `rewards`.
@@ -45,14 +51,9 @@ pub fn group_advantages(rewards: &[f64], est: Estimator) -> Vec<f64> {
     rewards
         .iter()
         .map(|r| match est {
-            Estimator::Grpo {
-                std: StdKind::Unbiased,
-            } => (r - mean) / (std_unbiased + EPS_ADV),
-            Estimator::Grpo {
-                std: StdKind::Population,
-            } => (r - mean) / (std_pop + EPS_ADV),
+            Estimator::Grpo => (r - mean) / (std_unbiased + EPS_ADV),
+            Estimator::GrpoPopulation => (r - mean) / (std_pop + EPS_ADV),
             Estimator::DrGrpo => r - mean,
-            Estimator::Shifted { shift } => r - mean + shift,
         })
         .collect()
 }
@@ -94,17 +95,10 @@ mod tests {
 
     #[test]
     fn t4_group_advantages() {
-        let unbiased = Estimator::Grpo {
-            std: StdKind::Unbiased,
-        };
+        let unbiased = Estimator::Grpo;
         let a = group_advantages(&R, unbiased);
         close_all(&a, &[0.866024, -0.866024, -0.866024, 0.866024]);
-        let p = group_advantages(
-            &R,
-            Estimator::Grpo {
-                std: StdKind::Population,
-            },
-        );
+        let p = group_advantages(&R, Estimator::GrpoPopulation);
         close(p[0], 0.999998);
         close_all(
             &group_advantages(&R, Estimator::DrGrpo),
@@ -118,9 +112,8 @@ mod tests {
         let rs = [0.3, 1.7, -2.0, 0.9, 0.0];
         let shifted: Vec<f64> = rs.iter().map(|r| r + 5.0).collect();
         for est in [
-            Estimator::Grpo {
-                std: StdKind::Unbiased,
-            },
+            Estimator::Grpo,
+            Estimator::GrpoPopulation,
             Estimator::DrGrpo,
         ] {
             let a = group_advantages(&rs, est);
@@ -132,9 +125,7 @@ mod tests {
         }
         // Scaling the rewards does not change GRPO's advantages (up to ε).
         let scaled: Vec<f64> = rs.iter().map(|r| r * 10.0).collect();
-        let u = Estimator::Grpo {
-            std: StdKind::Unbiased,
-        };
+        let u = Estimator::Grpo;
         for (x, y) in group_advantages(&rs, u)
             .iter()
             .zip(group_advantages(&scaled, u))

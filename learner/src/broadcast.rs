@@ -5,6 +5,10 @@
 //! subscriber that falls behind skips straight to the newest version. The
 //! encoded payload is held once (`Bytes`) and sliced into chunks per
 //! subscriber without copying.
+//!
+//! A hub publishes as one learner incarnation (see [`crate::lineage`]):
+//! every update carries its id, so a subscriber holding weights of another
+//! incarnation is sent the newest at once, whatever the version numbers.
 
 use std::{sync::Arc, time::Instant};
 
@@ -17,10 +21,14 @@ use bapo_policy::{
 use bytes::Bytes;
 use tokio::sync::watch;
 
+use crate::lineage;
+
 /// One published version.
 #[derive(Debug)]
 pub struct Published {
     pub version: u64,
+    /// The learner incarnation that published it.
+    pub incarnation: u64,
     /// The 32-byte weights header.
     pub header: Bytes,
     pub payload: Bytes,
@@ -31,6 +39,8 @@ pub struct Published {
 
 #[derive(Clone)]
 pub struct WeightHub {
+    /// This learner process's incarnation id.
+    incarnation: u64,
     tx: Arc<watch::Sender<Option<Arc<Published>>>>,
     /// Set when the learner stops: subscriber streams end, so the server's
     /// graceful shutdown does not wait on streams that never finish.
@@ -44,11 +54,24 @@ impl Default for WeightHub {
 }
 
 impl WeightHub {
+    /// A hub for a new learner incarnation, with a freshly drawn id: make
+    /// one per learner process.
     pub fn new() -> Self {
+        Self::with_incarnation(lineage::draw_id())
+    }
+
+    /// A hub publishing as incarnation `id` (tests pick theirs).
+    pub fn with_incarnation(id: u64) -> Self {
         Self {
+            incarnation: id,
             tx: Arc::new(watch::channel(None).0),
             closed: Arc::new(watch::channel(false).0),
         }
+    }
+
+    /// The incarnation id every update from this hub carries.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
     }
 
     /// Encodes `model` as `version` and makes it the newest.
@@ -61,6 +84,7 @@ impl WeightHub {
         let (header, payload) = weights::encode(model, version)?;
         let published = Arc::new(Published {
             version,
+            incarnation: self.incarnation,
             header: Bytes::copy_from_slice(&header.to_bytes()),
             payload: to_bytes(payload),
             config_json: config.to_hf_json().to_string(),

@@ -1,5 +1,6 @@
 //! Checkpoints of the training state: weights, optimiser moments, step,
-//! policy version and the buffer cursor, in one directory per step.
+//! policy version and the weights' provenance (buffer cursor, lineage,
+//! group draws trained), in one directory per step.
 //!
 //! A checkpoint is written to a hidden temporary directory, every file
 //! fsynced, and renamed into place, so a crash mid-write leaves either the
@@ -16,13 +17,13 @@ use std::{
 
 use bapo_policy::{
     ModelConfig, Policy,
-    burn::{prelude::*, tensor::Bytes},
+    burn::prelude::*,
     model::Transformer,
     weights::{self, HEADER_LEN, WeightsHeader},
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{LearnerConfig, Trainer, trainer::TrainError};
+use crate::{LearnerConfig, Trainer, lineage::Lineage, trainer::TrainError};
 
 pub const STATE_FILE: &str = "state.json";
 const FORMAT: u32 = 1;
@@ -54,6 +55,25 @@ pub struct FileSum {
     pub crc32: u32,
 }
 
+/// What the weights were trained on and descend from, beyond their
+/// version: kept in `state.json` next to them, and handed to
+/// [`crate::run::run`] so a resumed learner carries on from it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// Sequence number of the last group the learner consumed.
+    pub data_cursor: u64,
+    /// The incarnations the weights descend from. Absent in checkpoints
+    /// written before incarnations existed: empty.
+    #[serde(default)]
+    pub lineage: Lineage,
+    /// Group draws the weights account for: every group the learner took
+    /// from the buffer before them, trained or refused. The buffer counts
+    /// the draws it handed out beyond this as lost to a rollback. Absent in
+    /// older checkpoints: 0.
+    #[serde(default)]
+    pub groups_trained: u64,
+}
+
 /// `state.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointState {
@@ -61,8 +81,8 @@ pub struct CheckpointState {
     /// Optimiser steps taken.
     pub step: u64,
     pub policy_version: u64,
-    /// Sequence number of the last group the learner consumed.
-    pub data_cursor: u64,
+    #[serde(flatten)]
+    pub provenance: Provenance,
     /// The learner's seed; training itself draws no random numbers (no
     /// dropout), evaluation seeds derive from it and the step.
     pub seed: u64,
@@ -98,46 +118,28 @@ pub fn step_dir(root: &Path, step: u64) -> PathBuf {
     root.join(format!("step-{step:08}"))
 }
 
-/// Writes the trainer's state under `root` atomically; returns its path.
-pub fn save(root: &Path, trainer: &Trainer, data_cursor: u64) -> Result<PathBuf, CheckpointError> {
+/// Writes the trainer's state and `provenance` under `root` atomically;
+/// returns its path.
+pub fn save(
+    root: &Path,
+    trainer: &Trainer,
+    provenance: &Provenance,
+) -> Result<PathBuf, CheckpointError> {
     fs::create_dir_all(root).map_err(io(root))?;
-    let dest = step_dir(root, trainer.step);
-    let tmp = root.join(format!(".tmp-step-{:08}", trainer.step));
+    let step = trainer.steps_done();
+    let dest = step_dir(root, step);
+    let tmp = root.join(format!(".tmp-step-{step:08}"));
     if tmp.exists() {
         fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
     }
     fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-    let mut files = BTreeMap::new();
-
-    let model = trainer.model.valid();
-    let (header, payload) = weights::encode(&model, trainer.version)
-        .map_err(|e| invalid(&dest, format!("encoding weights: {e}")))?;
-    let mut bytes = header.to_bytes().to_vec();
-    bytes.extend_from_slice(&payload);
-    files.insert(
-        MODEL_FILE.to_string(),
-        write_synced(&tmp.join(MODEL_FILE), &bytes)?,
-    );
-    let optim = trainer
-        .optim
-        .into_bytes()
-        .map_err(|e| invalid(&dest, format!("encoding optimiser state: {e:?}")))?;
-    files.insert(
-        OPTIM_FILE.to_string(),
-        write_synced(&tmp.join(OPTIM_FILE), &optim)?,
-    );
-    let config = serde_json::to_vec_pretty(&trainer.model_config.to_hf_json())
-        .map_err(|e| invalid(&dest, e.to_string()))?;
-    files.insert(
-        CONFIG_FILE.to_string(),
-        write_synced(&tmp.join(CONFIG_FILE), &config)?,
-    );
+    let files = write_files(&tmp, &dest, trainer)?;
     let state = CheckpointState {
         format: FORMAT,
-        step: trainer.step,
-        policy_version: trainer.version,
-        data_cursor,
-        seed: trainer.cfg.seed,
+        step,
+        policy_version: trainer.version(),
+        provenance: provenance.clone(),
+        seed: trainer.config().seed,
         files,
     };
     let text = serde_json::to_vec_pretty(&state).map_err(|e| invalid(&dest, e.to_string()))?;
@@ -150,6 +152,39 @@ pub fn save(root: &Path, trainer: &Trainer, data_cursor: u64) -> Result<PathBuf,
         .and_then(|d| d.sync_all())
         .map_err(io(root))?;
     Ok(dest)
+}
+
+/// Writes the weights, optimiser state and model config into `tmp`;
+/// returns their sums. Errors name `dest`, the checkpoint being written.
+fn write_files(
+    tmp: &Path,
+    dest: &Path,
+    trainer: &Trainer,
+) -> Result<BTreeMap<String, FileSum>, CheckpointError> {
+    let mut files = BTreeMap::new();
+    let model = trainer.model().valid();
+    let (header, payload) = weights::encode(&model, trainer.version())
+        .map_err(|e| invalid(dest, format!("encoding weights: {e}")))?;
+    let mut bytes = header.to_bytes().to_vec();
+    bytes.extend_from_slice(&payload);
+    files.insert(
+        MODEL_FILE.to_string(),
+        write_synced(&tmp.join(MODEL_FILE), &bytes)?,
+    );
+    let optim = trainer
+        .optimizer_state()
+        .map_err(|e| invalid(dest, format!("encoding {OPTIM_FILE}: {e}")))?;
+    files.insert(
+        OPTIM_FILE.to_string(),
+        write_synced(&tmp.join(OPTIM_FILE), &optim)?,
+    );
+    let config = serde_json::to_vec_pretty(&trainer.model_config().to_hf_json())
+        .map_err(|e| invalid(dest, e.to_string()))?;
+    files.insert(
+        CONFIG_FILE.to_string(),
+        write_synced(&tmp.join(CONFIG_FILE), &config)?,
+    );
+    Ok(files)
 }
 
 /// The newest complete checkpoint under `root` (temporary directories of
@@ -205,7 +240,7 @@ pub fn read_state(dir: &Path) -> Result<CheckpointState, CheckpointError> {
         return Err(invalid(
             dir,
             format!(
-                "format {} is not supported (this build reads {FORMAT})",
+                "{STATE_FILE}: format {} is not supported (this build reads {FORMAT})",
                 state.format
             ),
         ));
@@ -215,6 +250,11 @@ pub fn read_state(dir: &Path) -> Result<CheckpointState, CheckpointError> {
             return Err(invalid(dir, format!("{STATE_FILE} does not list {name}")));
         }
     }
+    state
+        .provenance
+        .lineage
+        .check(state.policy_version)
+        .map_err(|e| invalid(dir, format!("{STATE_FILE}: {e}")))?;
     Ok(state)
 }
 
@@ -278,7 +318,8 @@ pub fn load_policy(
     Ok((Policy::with_model(config, model, device), state))
 }
 
-/// A trainer that continues exactly where the checkpoint left off.
+/// A trainer that continues exactly where the checkpoint left off; the
+/// state's [`Provenance`] is for [`crate::run::run`].
 pub fn load(
     dir: &Path,
     cfg: LearnerConfig,
@@ -286,17 +327,14 @@ pub fn load(
 ) -> Result<(Trainer, CheckpointState), CheckpointError> {
     let (policy, state) = load_policy(dir, device)?;
     let optim = read_verified(dir, &state, OPTIM_FILE)?;
-    let mut trainer = Trainer::new(cfg, policy, state.policy_version).map_err(|source| {
-        CheckpointError::Train {
-            path: dir.to_path_buf(),
-            source,
-        }
-    })?;
-    trainer.optim = trainer
-        .optim
-        .clone()
-        .from_bytes(Bytes::from_bytes_vec(optim))
-        .map_err(|e| invalid(dir, format!("{OPTIM_FILE}: {e:?}")))?;
-    trainer.step = state.step;
+    let trainer = Trainer::restore(cfg, policy, state.policy_version, state.step, optim).map_err(
+        |e| match e {
+            TrainError::OptimizerState(m) => invalid(dir, format!("{OPTIM_FILE}: {m}")),
+            source => CheckpointError::Train {
+                path: dir.to_path_buf(),
+                source,
+            },
+        },
+    )?;
     Ok((trainer, state))
 }

@@ -4,11 +4,12 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    advantage::{Estimator, StdKind},
+    advantage::Estimator,
     loss::{
         Aggregation, LossError, PolicyLoss,
         bapo::BapoMode,
-        registry::{self, LossOptions},
+        registry::{self, LossOptions, TisOptions},
+        tis::{IsCorrection, TisLevel},
     },
     schedule::{Decay, LrSchedule},
 };
@@ -41,6 +42,38 @@ pub enum SearchScope {
     MicroBatch,
 }
 
+/// A `[learner]` setting that cannot work, named by its key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ConfigError {
+    /// The key, `learner.` included (`learner.lr`).
+    pub field: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(field: &str, message: impl Into<String>) -> Self {
+        Self {
+            field: format!("learner.{field}"),
+            message: message.into(),
+        }
+    }
+
+    /// A loss option the registry refused. Its field is named by the loss
+    /// (`learner.agg`, or an option such as `clip_eps`), so `learner.` is
+    /// added only where it is missing.
+    fn from_loss(e: LossError) -> Self {
+        let field = match e.field.strip_prefix("learner.") {
+            Some(_) => e.field,
+            None => format!("learner.{}", e.field),
+        };
+        Self {
+            field,
+            message: e.message,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LearnerConfig {
@@ -49,12 +82,37 @@ pub struct LearnerConfig {
     pub bapo_mode: BapoMode,
     pub clip_eps: Option<f64>,
     pub clip_eps_high: Option<f64>,
+    /// Dual clip `c > 1` for negative advantages; 0 turns off a loss's
+    /// default (BAPO code mode: 3).
     pub dual_clip: Option<f64>,
     /// Overrides the loss's own aggregation.
     pub agg: Option<String>,
     pub proximal: Proximal,
     pub search_scope: SearchScope,
-    pub advantage: Estimator,
+    /// Overrides the loss's own advantage estimator (`grpo`,
+    /// `grpo-population`, `dr-grpo`); unset, the algorithm's paper decides.
+    pub advantage: Option<Estimator>,
+    /// Passes over each sampled batch (verl's `ppo_epochs`).
+    pub epochs: u32,
+    /// Optimiser steps per pass, each on its share of the batch's groups
+    /// (verl: batch / mini-batch size). A batch makes `epochs ×
+    /// mini_batches` optimiser steps and as many versions; the proximal
+    /// log-probs (`proximal = "recompute"`) are taken once, before the first.
+    pub mini_batches: u32,
+    /// `L_const` of `seq-mean-token-sum-norm` (Dr. GRPO): the longest
+    /// response the actors may send. A batch with a longer one is refused.
+    /// 0: the model's `max_position_embeddings`.
+    pub max_response_tokens: usize,
+    /// TIS's correction of the behaviour weight `w = π_old/π_behav`:
+    /// `truncate` (`min(w, C)`), `mask` (keep tokens or sequences with `w`
+    /// in `[tis_low, tis_high]`, weight 1) or `icepop` (`w` inside the
+    /// band, 0 outside; token level).
+    pub tis_mode: IsCorrection,
+    pub tis_level: TisLevel,
+    /// Band floor (`mask`, `icepop`); unset: the mode's default.
+    pub tis_low: Option<f64>,
+    /// Cap `C` (`truncate`) or band ceiling; unset: the mode's default.
+    pub tis_high: Option<f64>,
     /// Drop groups whose rewards are all equal (DAPO's dynamic sampling).
     pub filter_zero_variance: bool,
     /// Groups per optimiser step; must equal the buffer's `batch_groups`,
@@ -110,9 +168,14 @@ impl Default for LearnerConfig {
             agg: None,
             proximal: Proximal::Behavior,
             search_scope: SearchScope::Step,
-            advantage: Estimator::Grpo {
-                std: StdKind::Unbiased,
-            },
+            advantage: None,
+            epochs: 1,
+            mini_batches: 1,
+            max_response_tokens: 0,
+            tis_mode: IsCorrection::Truncate,
+            tis_level: TisLevel::Token,
+            tis_low: None,
+            tis_high: None,
             filter_zero_variance: false,
             batch_groups: 8,
             micro_batch_seqs: 64,
@@ -167,7 +230,7 @@ impl LearnerConfig {
                 LossError::new("learner.agg", format!("unknown aggregation {s:?}"))
             })?),
         };
-        registry::build(
+        registry::build_with(
             &self.algo,
             &LossOptions {
                 bapo_mode: Some(self.bapo_mode),
@@ -176,16 +239,73 @@ impl LearnerConfig {
                 dual_clip: self.dual_clip,
                 agg,
             },
+            &TisOptions {
+                mode: self.tis_mode,
+                level: self.tis_level,
+                low: self.tis_low,
+                high: self.tis_high,
+            },
         )
     }
 
+    /// The advantage estimator: the configured one, else the algorithm's.
+    pub fn estimator(&self) -> Estimator {
+        self.advantage.unwrap_or_else(|| {
+            registry::entry_of(&self.algo).map_or(Estimator::Grpo, |e| e.estimator)
+        })
+    }
+
+    /// Optimiser steps (and versions) per sampled batch.
+    pub fn updates_per_batch(&self) -> u64 {
+        self.epochs as u64 * self.mini_batches as u64
+    }
+
+    /// Refuses settings under which the named algorithm silently becomes
+    /// another one.
+    fn validate_combination(&self) -> Result<(), ConfigError> {
+        let e = registry::entry_of(&self.algo).map_err(ConfigError::from_loss)?;
+        if e.needs_behaviour && self.proximal == Proximal::Behavior {
+            return Err(ConfigError::new(
+                "proximal",
+                format!(
+                    "{} weighs tokens by π_old/π_behav, which is 1 when lp_old is the \
+                     behaviour log-prob (\"behavior\"): set proximal = \"recompute\" \
+                     (and several updates per batch)",
+                    e.name
+                ),
+            ));
+        }
+        if e.uses_ratio && self.proximal == Proximal::Recompute && self.updates_per_batch() == 1 {
+            return Err(ConfigError::new(
+                "proximal",
+                format!(
+                    "\"recompute\" with one update per batch makes π_θ/π_old ≡ 1, so {} \
+                     trains as unclipped policy gradient: set epochs or mini_batches \
+                     above 1, or proximal = \"behavior\"",
+                    e.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks what the types cannot.
-    pub fn validate(&self) -> Result<(), LossError> {
-        self.build_loss()?;
-        let bad = |field: &str, msg: &str| Err(LossError::new(format!("learner.{field}"), msg));
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.build_loss().map_err(ConfigError::from_loss)?;
+        let bad = |field: &str, msg: &str| Err(ConfigError::new(field, msg));
         if self.batch_groups == 0 {
             return bad("batch_groups", "must be at least 1");
         }
+        if self.epochs == 0 {
+            return bad("epochs", "must be at least 1");
+        }
+        if self.mini_batches == 0 || self.mini_batches > self.batch_groups {
+            return bad(
+                "mini_batches",
+                "must be between 1 and batch_groups (each holds whole groups)",
+            );
+        }
+        self.validate_combination()?;
         if self.micro_batch_seqs == 0 {
             return bad("micro_batch_seqs", "must be at least 1");
         }
@@ -208,6 +328,171 @@ impl LearnerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn validation_names_the_bad_key() {
+        let cases = [
+            (
+                LearnerConfig {
+                    lr: 0.0,
+                    ..Default::default()
+                },
+                "learner.lr",
+            ),
+            (
+                LearnerConfig {
+                    algo: "nope".into(),
+                    ..Default::default()
+                },
+                "learner.algo",
+            ),
+            (
+                LearnerConfig {
+                    agg: Some("nope".into()),
+                    ..Default::default()
+                },
+                "learner.agg",
+            ),
+        ];
+        for (cfg, key) in cases {
+            let e = cfg.validate().unwrap_err();
+            assert_eq!(e.field, key, "{e}");
+            assert!(e.to_string().starts_with(key), "{e}");
+        }
+        LearnerConfig::default().validate().unwrap();
+    }
+
+    fn with(algo: &str, proximal: Proximal, epochs: u32) -> LearnerConfig {
+        LearnerConfig {
+            algo: algo.into(),
+            proximal,
+            epochs,
+            ..Default::default()
+        }
+    }
+
+    fn refused(cfg: LearnerConfig, field: &str, words: &[&str]) {
+        let e = cfg.validate().unwrap_err();
+        assert_eq!(e.field, field, "{e}");
+        for w in words {
+            assert!(e.message.contains(w), "{w:?} not in {e}");
+        }
+    }
+
+    /// Decoupled PPO and TIS weigh by `π_old/π_behav`; with `lp_old` the
+    /// behaviour log-prob that weight is 1 and they are plain PPO.
+    #[test]
+    fn behaviour_weighted_losses_without_behaviour_log_probs_are_refused() {
+        for algo in ["decoupled", "tis"] {
+            refused(
+                with(algo, Proximal::Behavior, 2),
+                "learner.proximal",
+                &[algo, "recompute"],
+            );
+            with(algo, Proximal::Recompute, 2).validate().unwrap();
+        }
+    }
+
+    /// `recompute` with one update per batch makes every ratio 1.
+    #[test]
+    fn recompute_with_one_update_is_refused_for_ratio_losses() {
+        for algo in [
+            "bapo",
+            "ppo",
+            "grpo",
+            "gspo",
+            "sapo",
+            "cispo",
+            "opmd",
+            "decoupled",
+            "tis",
+        ] {
+            refused(
+                with(algo, Proximal::Recompute, 1),
+                "learner.proximal",
+                &[algo, "one update"],
+            );
+            with(algo, Proximal::Recompute, 2).validate().unwrap();
+            let minis = LearnerConfig {
+                mini_batches: 2,
+                ..with(algo, Proximal::Recompute, 1)
+            };
+            minis.validate().unwrap();
+        }
+        // AsymRE never reads lp_old: nothing degenerates.
+        with("asymre", Proximal::Recompute, 1).validate().unwrap();
+    }
+
+    #[test]
+    fn update_counts_are_checked_by_name() {
+        refused(with("bapo", Proximal::Behavior, 0), "learner.epochs", &[]);
+        let too_many = LearnerConfig {
+            mini_batches: 9,
+            batch_groups: 8,
+            ..Default::default()
+        };
+        refused(too_many, "learner.mini_batches", &["batch_groups"]);
+        let c = LearnerConfig {
+            epochs: 2,
+            mini_batches: 4,
+            ..Default::default()
+        };
+        assert_eq!(c.updates_per_batch(), 8);
+    }
+
+    #[test]
+    fn loss_options_are_refused_by_key() {
+        let dual = LearnerConfig {
+            dual_clip: Some(0.5),
+            ..Default::default()
+        };
+        refused(dual, "learner.dual_clip", &[]);
+        let band = LearnerConfig {
+            algo: "tis".into(),
+            proximal: Proximal::Recompute,
+            epochs: 2,
+            tis_mode: IsCorrection::Mask,
+            tis_low: Some(3.0),
+            ..Default::default()
+        };
+        refused(band, "learner.tis_low", &[]);
+    }
+
+    /// The estimator follows the algorithm unless the config names one;
+    /// the TOML spelling is the estimator's name.
+    #[test]
+    fn the_estimator_is_the_algorithms_unless_overridden() {
+        assert_eq!(
+            with("grpo", Proximal::Behavior, 1).estimator(),
+            Estimator::Grpo
+        );
+        assert_eq!(
+            with("dr-grpo", Proximal::Behavior, 1).estimator(),
+            Estimator::DrGrpo
+        );
+        assert_eq!(
+            with("opmd", Proximal::Behavior, 1).estimator(),
+            Estimator::DrGrpo
+        );
+        let over = LearnerConfig {
+            algo: "dr-grpo".into(),
+            advantage: Some(Estimator::GrpoPopulation),
+            ..Default::default()
+        };
+        assert_eq!(over.estimator(), Estimator::GrpoPopulation);
+        #[derive(Deserialize)]
+        struct File {
+            learner: LearnerConfig,
+        }
+        let f: File = toml_like(r#"{"learner": {"algo": "grpo", "advantage": "dr-grpo"}}"#);
+        assert_eq!(f.learner.estimator(), Estimator::DrGrpo);
+    }
+
+    /// serde_json stands in for TOML: the same serde attributes decide
+    /// both spellings.
+    fn toml_like<T: serde::de::DeserializeOwned>(s: &str) -> T {
+        serde_json::from_str(s).unwrap()
+    }
 
     #[test]
     fn zero_decay_steps_decay_over_the_rest_of_the_run() {

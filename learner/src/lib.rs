@@ -13,6 +13,8 @@ pub mod broadcast;
 pub mod checkpoint;
 pub mod config;
 pub mod grads;
+pub mod intake;
+pub mod lineage;
 pub mod loss;
 pub mod metrics;
 pub mod rollouts;

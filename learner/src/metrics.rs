@@ -25,7 +25,13 @@ pub const STEP_SECONDS: &str = "bapo_learner_step_seconds";
 pub const IDLE_SECONDS: &str = "bapo_learner_idle_seconds_total";
 pub const WEIGHT_SUBSCRIBERS: &str = "bapo_learner_weight_subscribers";
 pub const WEIGHT_PUBLISH_SECONDS: &str = "bapo_learner_weight_publish_seconds";
+/// Training/inference mismatch (`stats::mismatch_metrics`).
+pub const MISMATCH_KL: &str = "bapo_learner_mismatch_kl";
+pub const MISMATCH_ESS: &str = "bapo_learner_mismatch_ess";
+pub const MISMATCH_OUTSIDE: &str = "bapo_learner_mismatch_outside_fraction";
 pub const BAD_GROUPS: &str = "bapo_learner_bad_groups_total";
+/// Label `reason`: `temperature` (sampled at another temperature).
+pub const GROUPS_REFUSED: &str = "bapo_learner_groups_refused_total";
 
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
@@ -67,9 +73,25 @@ pub fn describe() {
         Unit::Seconds,
         "From publishing a version to its last chunk sent, per subscriber"
     );
+    describe_gauge!(
+        MISMATCH_KL,
+        "k3 estimate of KL(behaviour || learner) over the latest update's tokens"
+    );
+    describe_gauge!(
+        MISMATCH_ESS,
+        "Normalised ESS of the token weights learner/behaviour, in (0, 1]"
+    );
+    describe_gauge!(
+        MISMATCH_OUTSIDE,
+        "Fraction of tokens whose weight learner/behaviour is outside [0.5, 2]"
+    );
     describe_counter!(
         BAD_GROUPS,
         "Groups from the buffer that could not be trained on"
+    );
+    describe_counter!(
+        GROUPS_REFUSED,
+        "Groups from the buffer refused by the learner, by reason (temperature)"
     );
 }
 
@@ -83,13 +105,16 @@ pub fn record_step(r: &StepReport, staleness: &[u64]) {
     gauge!(LR).set(r.lr);
     histogram!(STEP_SECONDS).record(r.seconds);
     gauge!(TOKENS_PER_SECOND).set(r.tokens as f64 / r.seconds.max(1e-9));
-    let pairs: [(&str, &str); 6] = [
+    let pairs: [(&str, &str); 9] = [
         (ENTROPY, "entropy"),
         (CLIP_LOW, "c_low"),
         (CLIP_HIGH, "c_high"),
         (POS_FRACTION, "pos_fraction"),
         (GRAD_NORM, "grad_norm"),
         (REWARD_MEAN, "reward_mean"),
+        (MISMATCH_KL, "mismatch_kl_k3"),
+        (MISMATCH_ESS, "mismatch_ess"),
+        (MISMATCH_OUTSIDE, "mismatch_outside_frac"),
     ];
     for (name, key) in pairs {
         if let Some(v) = get(key) {
@@ -140,4 +165,72 @@ pub fn step_record(
 /// JSON has no NaN or infinity; they become null.
 fn finite(x: f64) -> serde_json::Value {
     serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use metrics::{
+        Counter, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+
+    use super::*;
+
+    /// Keeps the last value set on each gauge, by name.
+    #[derive(Default)]
+    struct Gauges(Arc<Mutex<BTreeMap<String, f64>>>);
+
+    struct One(String, Arc<Mutex<BTreeMap<String, f64>>>);
+
+    impl GaugeFn for One {
+        fn increment(&self, _: f64) {}
+        fn decrement(&self, _: f64) {}
+        fn set(&self, v: f64) {
+            if let Ok(mut m) = self.1.lock() {
+                m.insert(self.0.clone(), v);
+            }
+        }
+    }
+
+    impl Recorder for Gauges {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::from_arc(Arc::new(One(key.name().to_string(), self.0.clone())))
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn mismatch_metrics_reach_prometheus_and_the_jsonl_record() {
+        let report = StepReport {
+            step: 3,
+            version: 7,
+            metrics: [
+                ("mismatch_kl_k3", 0.25),
+                ("mismatch_ess", 0.75),
+                ("mismatch_outside_frac", 0.125),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+            ..Default::default()
+        };
+        let rec = Gauges::default();
+        metrics::with_local_recorder(&rec, || record_step(&report, &[]));
+        let got = rec.0.lock().unwrap().clone();
+        assert_eq!(got[MISMATCH_KL], 0.25);
+        assert_eq!(got[MISMATCH_ESS], 0.75);
+        assert_eq!(got[MISMATCH_OUTSIDE], 0.125);
+        let line = step_record(&report, 1.0, 0.0, &BTreeMap::new());
+        assert_eq!(line["mismatch_kl_k3"], 0.25);
+        assert_eq!(line["mismatch_outside_frac"], 0.125);
+    }
 }

@@ -4,25 +4,37 @@
 //! The version is reported to the buffer before the weights are published:
 //! otherwise an actor could push tokens of version v+1 to a buffer that
 //! still believes the learner is at v, and they would be refused as from
-//! the future.
+//! the future. Each report carries the learner's lineage (its incarnations,
+//! this process's last) and the group draws its weights account for, so the
+//! buffer can tell a resumed learner from the one that died; a buffer that
+//! answers that a newer incarnation superseded this one stops the learner
+//! ([`Superseded`]).
 
 use std::{
     collections::BTreeMap,
     fs::File,
     future::Future,
     io::{BufWriter, Write},
-    path::PathBuf,
+    path::{Path, PathBuf},
+    pin::Pin,
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use anyhow::Context;
 use bapo_policy::Policy;
-use bapo_proto::v1::{SampleRequest, VersionReport, batch_source_client::BatchSourceClient};
+use bapo_proto::v1::{Group, SampleRequest, VersionReport, batch_source_client::BatchSourceClient};
 use metrics::counter;
 use tonic::{Code, transport::Channel};
 
-use crate::{Trainer, broadcast::WeightHub, checkpoint, metrics as names, rollouts::TrainGroup};
+use crate::{
+    StepReport, Trainer,
+    broadcast::WeightHub,
+    checkpoint::{self, Provenance},
+    intake, metrics as names,
+    rollouts::TrainGroup,
+    trainer::TrainError,
+};
 
 /// Scores a policy on held-out problems: `(metric name, value)` pairs, the
 /// first being the headline accuracy.
@@ -33,8 +45,9 @@ pub struct RunOptions {
     pub buffer: String,
     /// Run directory: `checkpoints/`, `metrics.jsonl`, `final/`.
     pub out: PathBuf,
-    /// Buffer cursor the checkpoint being resumed was at.
-    pub data_cursor: u64,
+    /// What the trainer's weights descend from: the resumed checkpoint's
+    /// (`CheckpointState::provenance`), or the default for a fresh start.
+    pub provenance: Provenance,
     pub eval: Option<EvalFn>,
     /// Write the final weights in HF format to `out/final`.
     pub export_final: bool,
@@ -48,165 +61,309 @@ pub struct RunSummary {
     pub wall_s: f64,
     pub idle_s: f64,
     pub last_eval: Option<f64>,
+    /// This process's incarnation id.
+    pub incarnation: u64,
+    /// Group draws the final weights account for.
+    pub groups_trained: u64,
+}
+
+/// The buffer answered a version report with `FAILED_PRECONDITION`: a
+/// newer learner incarnation has reported since, and this one is a zombie
+/// (say, a process thought dead that came back). Training on would feed
+/// the actors weights from a dead lineage, so the learner stops.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "learner incarnation {incarnation:016x} was superseded by a newer one \
+     (the buffer refused its report of version {version}: {message}); stopping"
+)]
+pub struct Superseded {
+    pub incarnation: u64,
+    pub version: u64,
+    pub message: String,
 }
 
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
-/// Runs until `cfg.steps` steps are done or `shutdown` resolves.
-pub async fn run(
-    trainer: Trainer,
+type Shutdown<'a, F> = Pin<&'a mut F>;
+
+/// Runs until `cfg.steps` steps are done or `shutdown` resolves. The run
+/// is a new incarnation, `hub`'s, continuing `opts.provenance.lineage`
+/// from the trainer's version.
+pub async fn run<F: Future<Output = ()>>(
+    mut trainer: Trainer,
     hub: WeightHub,
     opts: RunOptions,
-    shutdown: impl Future<Output = ()>,
+    shutdown: F,
 ) -> anyhow::Result<RunSummary> {
     names::describe();
-    let channel = tonic::transport::Endpoint::from_shared(opts.buffer.clone())
-        .with_context(|| format!("buffer address {:?}", opts.buffer))?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .connect_lazy();
-    let mut client = BatchSourceClient::new(channel).max_decoding_message_size(usize::MAX);
-    std::fs::create_dir_all(&opts.out)
-        .with_context(|| format!("creating run directory {}", opts.out.display()))?;
-    let log_path = opts.out.join("metrics.jsonl");
-    let mut log = BufWriter::new(
-        File::options()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .with_context(|| format!("opening {}", log_path.display()))?,
-    );
-    let ckpt_dir = opts.out.join("checkpoints");
-    let cfg = trainer.config().clone();
-    let mut trainer = Some(trainer);
-    let mut cursor = opts.data_cursor;
-    let t_start = Instant::now();
-    let mut idle = 0.0f64;
-    let mut summary = RunSummary::default();
     tokio::pin!(shutdown);
-
-    // The starting version: tell the buffer, then give actors the weights.
-    let start_version = trainer.as_ref().map_or(0, Trainer::version);
-    report_version(&mut client, start_version, &mut shutdown).await?;
-    publish(&hub, trainer.as_ref().expect("present"))?;
-    if let (Some(eval), 0) = (&opts.eval, trainer.as_ref().map_or(0, Trainer::steps_done)) {
-        let r = evaluate(eval, trainer.as_ref().expect("present")).await?;
-        write_line(&mut log, eval_record(0, start_version, 0.0, &r))?;
-        summary.last_eval = r.first().map(|x| x.1);
-    }
-
+    let mut s = Session::open(&trainer, hub, &opts)?;
+    s.start(&trainer, &mut shutdown).await?;
+    let cfg = trainer.config().clone();
     loop {
-        let t = trainer
-            .as_ref()
-            .expect("trainer is returned after each step");
-        if cfg.steps > 0 && t.steps_done() >= cfg.steps {
+        if cfg.steps > 0 && trainer.steps_done() >= cfg.steps {
             break;
         }
-        // Wait for a batch.
         let wait = Instant::now();
         let groups = tokio::select! {
             _ = &mut shutdown => break,
-            g = sample(&mut client, cfg.batch_groups) => g,
+            g = sample(&mut s.client, cfg.batch_groups) => g,
         };
-        idle += wait.elapsed().as_secs_f64();
-        counter!(names::IDLE_SECONDS).absolute(idle as u64);
+        s.add_idle(wait.elapsed());
         let Some(groups) = groups else { continue };
-        let mut train = Vec::with_capacity(groups.len());
-        for g in &groups {
-            match TrainGroup::from_wire(g) {
-                Ok(t) => train.push(t),
-                Err(e) => {
-                    counter!(names::BAD_GROUPS).increment(1);
-                    tracing::warn!("skipping a group the learner cannot train on: {e}");
-                }
-            }
-        }
+        let train = s.take(&groups, cfg.temperature);
         if train.is_empty() {
             continue;
         }
-        cursor = cursor.max(train.iter().map(|g| g.sequence_number).max().unwrap_or(0));
-        let version = trainer.as_ref().map_or(0, Trainer::version);
-        let staleness: Vec<u64> = train.iter().flat_map(|g| g.staleness(version)).collect();
-
-        // Step on a blocking thread; the trainer travels there and back.
-        let mut t = trainer.take().expect("present");
-        let (t, result) = tokio::task::spawn_blocking(move || {
-            let r = t.step(&train);
-            (t, r)
-        })
-        .await
-        .context("training step panicked")?;
-        trainer = Some(t);
-        let report = match result {
-            Ok(r) => r,
+        let staleness: Vec<u64> = train
+            .iter()
+            .flat_map(|g| g.staleness(trainer.version()))
+            .collect();
+        let (t, result) = step_off_thread(trainer, train).await?;
+        trainer = t;
+        let reports = match result {
+            Ok(r) if !r.is_empty() => r,
+            Ok(_) => continue,
             Err(e) => {
                 counter!(names::BAD_GROUPS).increment(groups.len() as u64);
                 tracing::error!("training step refused its batch: {e}");
                 continue;
             }
         };
-        names::record_step(&report, &staleness);
-
-        report_version(&mut client, report.version, &mut shutdown).await?;
-        if report.version % cfg.broadcast_every == 0 {
-            publish(&hub, trainer.as_ref().expect("present"))?;
+        for (i, report) in reports.iter().enumerate() {
+            // The batch's staleness once, at its first update.
+            names::record_step(report, if i == 0 { &staleness } else { &[] });
         }
+        s.after_step(&trainer, &reports, &mut shutdown).await?;
+    }
+    s.finish(trainer)
+}
 
+/// The updates of one batch on a blocking thread: the trainer travels
+/// there and back.
+async fn step_off_thread(
+    mut trainer: Trainer,
+    train: Vec<TrainGroup>,
+) -> anyhow::Result<(Trainer, Result<Vec<StepReport>, TrainError>)> {
+    tokio::task::spawn_blocking(move || {
+        let r = trainer.train_batch(&train);
+        (trainer, r)
+    })
+    .await
+    .context("training step panicked")
+}
+
+/// Everything a run keeps but the trainer, which moves to a blocking
+/// thread for every step.
+struct Session<'o> {
+    opts: &'o RunOptions,
+    client: BatchSourceClient<Channel>,
+    hub: WeightHub,
+    log: BufWriter<File>,
+    ckpt_dir: PathBuf,
+    /// What the current weights descend from, this incarnation included.
+    provenance: Provenance,
+    t_start: Instant,
+    idle: f64,
+    last_eval: Option<f64>,
+}
+
+impl<'o> Session<'o> {
+    fn open(trainer: &Trainer, hub: WeightHub, opts: &'o RunOptions) -> anyhow::Result<Self> {
+        let channel = tonic::transport::Endpoint::from_shared(opts.buffer.clone())
+            .with_context(|| format!("buffer address {:?}", opts.buffer))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let client = BatchSourceClient::new(channel).max_decoding_message_size(usize::MAX);
+        std::fs::create_dir_all(&opts.out)
+            .with_context(|| format!("creating run directory {}", opts.out.display()))?;
+        let log_path = opts.out.join("metrics.jsonl");
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("opening {}", log_path.display()))?;
+        let mut provenance = opts.provenance.clone();
+        provenance.lineage = provenance
+            .lineage
+            .continued(hub.incarnation(), trainer.version())
+            .context("starting a new learner incarnation")?;
+        tracing::info!(
+            incarnation = format!("{:016x}", hub.incarnation()),
+            version = trainer.version(),
+            earlier = provenance.lineage.entries().len() - 1,
+            "learner incarnation started"
+        );
+        Ok(Self {
+            opts,
+            client,
+            hub,
+            log: BufWriter::new(log),
+            ckpt_dir: opts.out.join("checkpoints"),
+            provenance,
+            t_start: Instant::now(),
+            idle: 0.0,
+            last_eval: None,
+        })
+    }
+
+    /// The starting version: tell the buffer, then give actors the
+    /// weights, and evaluate them on a fresh start.
+    async fn start<F: Future<Output = ()>>(
+        &mut self,
+        trainer: &Trainer,
+        shutdown: &mut Shutdown<'_, F>,
+    ) -> anyhow::Result<()> {
+        self.report(trainer.version(), shutdown).await?;
+        publish(&self.hub, trainer)?;
+        if let (Some(eval), 0) = (&self.opts.eval, trainer.steps_done()) {
+            let r = evaluate(eval, trainer).await?;
+            write_line(&mut self.log, eval_record(0, trainer.version(), 0.0, &r))?;
+            self.last_eval = r.first().map(|x| x.1);
+        }
+        Ok(())
+    }
+
+    fn add_idle(&mut self, waited: Duration) {
+        self.idle += waited.as_secs_f64();
+        counter!(names::IDLE_SECONDS).absolute(self.idle as u64);
+    }
+
+    /// The groups of a batch the learner will train on. Every draw counts
+    /// as consumed, trained or refused: the buffer will not hand it out
+    /// again.
+    fn take(&mut self, groups: &[Group], temperature: f32) -> Vec<TrainGroup> {
+        let p = &mut self.provenance;
+        p.groups_trained += groups.len() as u64;
+        let newest = groups.iter().map(|g| g.sequence).max().unwrap_or(0);
+        p.data_cursor = p.data_cursor.max(newest);
+        intake::admit(groups, temperature).train
+    }
+
+    /// Report, publish, evaluate, log and checkpoint after a batch's
+    /// updates (one line of metrics.jsonl each). Every-N actions happen
+    /// once when any update of the batch reaches a multiple of N, on the
+    /// weights after the batch (the ones actors and checkpoints can see).
+    async fn after_step<F: Future<Output = ()>>(
+        &mut self,
+        trainer: &Trainer,
+        reports: &[StepReport],
+        shutdown: &mut Shutdown<'_, F>,
+    ) -> anyhow::Result<()> {
+        let cfg = trainer.config();
+        let Some(last) = reports.last() else {
+            return Ok(());
+        };
+        let reached = |every: u64, of: fn(&StepReport) -> u64| {
+            every > 0 && reports.iter().any(|r| of(r).is_multiple_of(every))
+        };
+        self.report(last.version, shutdown).await?;
+        if reached(cfg.broadcast_every, |r| r.version) {
+            publish(&self.hub, trainer)?;
+        }
         let mut extra = BTreeMap::new();
-        if let Some(eval) = &opts.eval
-            && cfg.eval_every > 0
-            && report.step % cfg.eval_every == 0
+        if let Some(eval) = &self.opts.eval
+            && reached(cfg.eval_every, |r| r.step)
         {
-            let r = evaluate(eval, trainer.as_ref().expect("present")).await?;
+            let r = evaluate(eval, trainer).await?;
             if let Some((_, acc)) = r.first() {
                 metrics::gauge!(names::EVAL_ACCURACY).set(*acc);
-                summary.last_eval = Some(*acc);
+                self.last_eval = Some(*acc);
             }
             extra.extend(r);
         }
-        let elapsed = t_start.elapsed().as_secs_f64();
-        write_line(&mut log, names::step_record(&report, elapsed, idle, &extra))?;
-        tracing::info!(
-            step = report.step,
-            loss = report.loss,
-            reward = report
-                .metrics
-                .get("reward_mean")
-                .copied()
-                .unwrap_or(f64::NAN),
-            "step"
-        );
-        if cfg.checkpoint_every > 0 && report.step % cfg.checkpoint_every == 0 {
-            save(
-                trainer.as_ref().expect("present"),
-                &ckpt_dir,
-                cursor,
-                cfg.keep_checkpoints,
+        let elapsed = self.t_start.elapsed().as_secs_f64();
+        for r in reports {
+            let extra = if r.step == last.step {
+                &extra
+            } else {
+                &BTreeMap::new()
+            };
+            write_line(
+                &mut self.log,
+                names::step_record(r, elapsed, self.idle, extra),
             )?;
+            log_step(r);
+        }
+        if reached(cfg.checkpoint_every, |r| r.step) {
+            self.save(trainer)?;
+        }
+        Ok(())
+    }
+
+    /// Reports `version`, the lineage and the draws trained until the
+    /// buffer acknowledges them, backing off while it is unreachable.
+    async fn report<F: Future<Output = ()>>(
+        &mut self,
+        version: u64,
+        shutdown: &mut Shutdown<'_, F>,
+    ) -> anyhow::Result<()> {
+        let req = VersionReport {
+            version,
+            lineage: self.provenance.lineage.to_wire(),
+            groups_trained: self.provenance.groups_trained,
+        };
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let s = match self.client.report_version(req.clone()).await {
+                Ok(_) => return Ok(()),
+                Err(s) => s,
+            };
+            if s.code() == Code::FailedPrecondition {
+                return Err(Superseded {
+                    incarnation: self.hub.incarnation(),
+                    version,
+                    message: s.message().to_string(),
+                }
+                .into());
+            }
+            tracing::warn!(
+                version,
+                "reporting the version failed ({}); retrying",
+                s.message()
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = shutdown.as_mut() => anyhow::bail!("shut down before the buffer took version {version}"),
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     }
 
-    let t = trainer.take().expect("present");
-    save(&t, &ckpt_dir, cursor, cfg.keep_checkpoints)?;
-    if opts.export_final {
-        let dir = opts.out.join("final");
-        bapo_policy::hf::save(&t.policy(), &dir)
-            .with_context(|| format!("exporting final weights to {}", dir.display()))?;
+    fn save(&self, trainer: &Trainer) -> anyhow::Result<()> {
+        save(
+            trainer,
+            &self.ckpt_dir,
+            &self.provenance,
+            trainer.config().keep_checkpoints,
+        )
     }
-    log.flush()?;
-    summary.steps = t.steps_done();
-    summary.version = t.version();
-    summary.wall_s = t_start.elapsed().as_secs_f64();
-    summary.idle_s = idle;
-    Ok(summary)
+
+    /// The final checkpoint, the exported weights and the summary.
+    fn finish(mut self, trainer: Trainer) -> anyhow::Result<RunSummary> {
+        self.save(&trainer)?;
+        if self.opts.export_final {
+            let dir = self.opts.out.join("final");
+            bapo_policy::hf::save(&trainer.policy(), &dir)
+                .with_context(|| format!("exporting final weights to {}", dir.display()))?;
+        }
+        self.log.flush()?;
+        Ok(RunSummary {
+            steps: trainer.steps_done(),
+            version: trainer.version(),
+            wall_s: self.t_start.elapsed().as_secs_f64(),
+            idle_s: self.idle,
+            last_eval: self.last_eval,
+            incarnation: self.hub.incarnation(),
+            groups_trained: self.provenance.groups_trained,
+        })
+    }
 }
 
 /// One batch, or `None` after a timeout or a transient failure (logged;
 /// the caller simply asks again).
-async fn sample(
-    client: &mut BatchSourceClient<Channel>,
-    groups: u32,
-) -> Option<Vec<bapo_proto::v1::Group>> {
+async fn sample(client: &mut BatchSourceClient<Channel>, groups: u32) -> Option<Vec<Group>> {
     let req = SampleRequest {
         num_groups: groups,
         timeout_ms: 2000,
@@ -222,33 +379,6 @@ async fn sample(
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
             None
-        }
-    }
-}
-
-/// Reports `version` until the buffer acknowledges it, backing off while
-/// it is unreachable.
-async fn report_version(
-    client: &mut BatchSourceClient<Channel>,
-    version: u64,
-    shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
-) -> anyhow::Result<()> {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        match client.report_version(VersionReport { version }).await {
-            Ok(_) => return Ok(()),
-            Err(s) => {
-                tracing::warn!(
-                    version,
-                    "reporting the version failed ({}); retrying",
-                    s.message()
-                );
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = shutdown.as_mut() => anyhow::bail!("shut down before the buffer took version {version}"),
-                }
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-            }
         }
     }
 }
@@ -276,8 +406,21 @@ fn eval_record(step: u64, version: u64, time_s: f64, r: &[(String, f64)]) -> ser
     o
 }
 
-fn save(t: &Trainer, dir: &std::path::Path, cursor: u64, keep: usize) -> anyhow::Result<()> {
-    let path = checkpoint::save(dir, t, cursor)?;
+fn log_step(report: &StepReport) {
+    tracing::info!(
+        step = report.step,
+        loss = report.loss,
+        reward = report
+            .metrics
+            .get("reward_mean")
+            .copied()
+            .unwrap_or(f64::NAN),
+        "step"
+    );
+}
+
+fn save(t: &Trainer, dir: &Path, provenance: &Provenance, keep: usize) -> anyhow::Result<()> {
+    let path = checkpoint::save(dir, t, provenance)?;
     checkpoint::prune(dir, keep)?;
     tracing::info!(path = %path.display(), "checkpoint written");
     Ok(())

@@ -16,7 +16,10 @@ use tokio::{net::TcpListener, sync::mpsc};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, transport::Server};
 
-use crate::{broadcast::WeightHub, metrics as names};
+use crate::{
+    broadcast::{Published, WeightHub},
+    metrics as names,
+};
 
 /// Payload bytes per chunk message: well under tonic's 4 MiB default
 /// message limit, large enough that framing costs nothing.
@@ -49,6 +52,39 @@ impl Drop for Subscribed {
 }
 
 type WeightStream = Pin<Box<dyn Stream<Item = Result<WeightMessage, Status>> + Send>>;
+type Sink = mpsc::Sender<Result<WeightMessage, Status>>;
+
+/// The weights a subscriber holds: a version of one incarnation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Held {
+    version: u64,
+    incarnation: u64,
+}
+
+impl Held {
+    /// What the request says the subscriber holds; version 0 means none.
+    fn from_request(req: &SubscribeRequest) -> Option<Self> {
+        (req.have_version > 0).then_some(Self {
+            version: req.have_version,
+            incarnation: req.have_incarnation,
+        })
+    }
+
+    fn of(p: &Published) -> Self {
+        Self {
+            version: p.version,
+            incarnation: p.incarnation,
+        }
+    }
+}
+
+/// Whether `p` goes to a subscriber holding `held`: one that holds
+/// nothing, an older version, or weights of another incarnation. A
+/// resumed learner reuses version numbers for different weights, so a
+/// higher version of another incarnation says nothing about these.
+fn wanted(held: Option<Held>, p: &Published) -> bool {
+    held.is_none_or(|h| h.incarnation != p.incarnation || p.version > h.version)
+}
 
 #[tonic::async_trait]
 impl WeightSource for WeightSourceService {
@@ -59,7 +95,7 @@ impl WeightSource for WeightSourceService {
         request: Request<SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let req = request.into_inner();
-        let mut have = (req.have_version > 0).then_some(req.have_version);
+        let mut held = Held::from_request(&req);
         let mut rx = self.hub.subscribe();
         let mut closed = self.hub.closed();
         if *closed.borrow() {
@@ -71,39 +107,17 @@ impl WeightSource for WeightSourceService {
         let actor = req.actor_id;
         tokio::spawn(async move {
             let _counted = Subscribed::new();
-            tracing::info!(%actor, ?have, "weight subscriber connected");
+            tracing::info!(%actor, ?held, "weight subscriber connected");
             loop {
                 let newest = rx.borrow_and_update().clone();
                 if let Some(p) = newest
-                    && have.is_none_or(|h| p.version > h)
+                    && wanted(held, &p)
                 {
-                    let chunks: Vec<_> = (0..p.payload.len())
-                        .step_by(CHUNK_BYTES)
-                        .map(|s| p.payload.slice(s..(s + CHUNK_BYTES).min(p.payload.len())))
-                        .collect();
-                    let update = WeightMessage {
-                        kind: Some(Kind::Update(WeightUpdate {
-                            version: p.version,
-                            header: p.header.clone(),
-                            payload_len: p.payload.len() as u64,
-                            chunks: chunks.len() as u32,
-                            model_config_json: p.config_json.clone(),
-                        })),
-                    };
-                    if tx.send(Ok(update)).await.is_err() {
+                    if !send(&tx, &p).await {
                         break;
                     }
-                    for c in chunks {
-                        let m = WeightMessage {
-                            kind: Some(Kind::Chunk(c)),
-                        };
-                        if tx.send(Ok(m)).await.is_err() {
-                            tracing::info!(%actor, "weight subscriber left");
-                            return;
-                        }
-                    }
                     histogram!(names::WEIGHT_PUBLISH_SECONDS).record(p.at.elapsed().as_secs_f64());
-                    have = Some(p.version);
+                    held = Some(Held::of(&p));
                 }
                 tokio::select! {
                     changed = rx.changed() => if changed.is_err() { break },
@@ -115,6 +129,31 @@ impl WeightSource for WeightSourceService {
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(out))))
     }
+}
+
+/// Sends `p` as one update message and its chunks; false once the
+/// subscriber has gone.
+async fn send(tx: &Sink, p: &Published) -> bool {
+    let chunks: Vec<_> = (0..p.payload.len())
+        .step_by(CHUNK_BYTES)
+        .map(|s| p.payload.slice(s..(s + CHUNK_BYTES).min(p.payload.len())))
+        .collect();
+    let update = WeightUpdate {
+        version: p.version,
+        header: p.header.clone(),
+        payload_len: p.payload.len() as u64,
+        chunks: chunks.len() as u32,
+        model_config_json: p.config_json.clone(),
+        incarnation: p.incarnation,
+    };
+    let messages = std::iter::once(Kind::Update(update)).chain(chunks.into_iter().map(Kind::Chunk));
+    for kind in messages {
+        let m = WeightMessage { kind: Some(kind) };
+        if tx.send(Ok(m)).await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// Serves the weight stream on `listener` until `shutdown` resolves.
@@ -143,4 +182,42 @@ pub async fn serve(
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn published(version: u64, incarnation: u64) -> Published {
+        Published {
+            version,
+            incarnation,
+            header: Bytes::new(),
+            payload: Bytes::new(),
+            config_json: String::new(),
+            at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn weights_go_to_holders_of_nothing_older_or_another_incarnation() {
+        let p = published(3, 7);
+        let held = |version, incarnation| {
+            Some(Held {
+                version,
+                incarnation,
+            })
+        };
+        assert!(wanted(None, &p));
+        assert!(wanted(held(2, 7), &p));
+        assert!(!wanted(held(3, 7), &p));
+        assert!(!wanted(held(5, 7), &p));
+        // A resumed learner: its version 3 is not the 5 the actor holds.
+        assert!(wanted(held(5, 9), &p));
+        assert!(wanted(held(3, 0), &p));
+    }
 }

@@ -15,6 +15,7 @@ use bapo_policy::{
         module::Module,
         optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer},
         prelude::*,
+        tensor::Bytes,
     },
     logprob::{next_token_logprobs, next_token_logprobs_and_entropy},
     model::Transformer,
@@ -23,22 +24,38 @@ use bapo_policy::{
 
 use crate::{
     advantage::batch_advantages,
-    config::{LearnerConfig, Proximal, SearchScope},
+    config::{ConfigError, LearnerConfig, Proximal, SearchScope},
     grads::clip_global_norm,
     loss::{Denominators, LossError, LossOutput, PolicyLoss, TokenBatch},
     rollouts::TrainGroup,
-    stats::ratio_metrics,
-    vcpo::{LrRule, lr_scale},
+    stats::{mismatch_metrics, ratio_metrics},
+    vcpo::{LrRule, RHO_BASE, lr_scale},
 };
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     #[error("config: {0}")]
-    Config(#[from] LossError),
+    Config(#[from] ConfigError),
+    #[error("loss: {0}")]
+    Loss(#[from] LossError),
+    /// Saved AdamW moments that do not decode or do not fit the model.
+    #[error("optimiser state: {0}")]
+    OptimizerState(String),
     #[error(
         "sequence {index} of group {group} has {len} tokens, more than the model's {max} positions"
     )]
     TooLong {
+        group: String,
+        index: usize,
+        len: usize,
+        max: usize,
+    },
+    /// Dr. GRPO's normaliser is a constant; a longer response would
+    /// bring back the length-dependent scaling it removes.
+    #[error(
+        "sequence {index} of group {group} has a {len}-token response, more than learner.max_response_tokens = {max}"
+    )]
+    ResponseTooLong {
         group: String,
         index: usize,
         len: usize,
@@ -83,6 +100,30 @@ pub struct Backward {
     pub metrics: BTreeMap<String, f64>,
 }
 
+/// A sampled batch (or mini-batch) laid out for the model, with what every
+/// update on it shares: advantages, `lp_old` (the behaviour log-probs, or
+/// the proximal ones recomputed before the batch's first update) and, under
+/// `recompute`, `lp_behav`.
+pub struct Prepared {
+    rows: Vec<Row>,
+    /// The token batch without current log-probs (`logp` empty).
+    skel: TokenBatch,
+    /// Reward, length and staleness of the batch.
+    metrics: BTreeMap<String, f64>,
+}
+
+impl Prepared {
+    /// The advantages the loss trains on, one per response token.
+    pub fn advantages(&self) -> &[f64] {
+        &self.skel.advantages
+    }
+
+    /// `lp_old` per response token.
+    pub fn logp_old(&self) -> &[f64] {
+        &self.skel.logp_old
+    }
+}
+
 /// Rows, the token batch without current log-probs, and data metrics.
 type Layout = (Vec<Row>, TokenBatch, BTreeMap<String, f64>);
 
@@ -97,17 +138,17 @@ struct Row {
 }
 
 pub struct Trainer {
-    pub(crate) cfg: LearnerConfig,
-    pub(crate) model_config: ModelConfig,
-    pub(crate) device: Device,
-    pub(crate) model: Transformer,
-    pub(crate) optim: ModuleOptimizer,
+    cfg: LearnerConfig,
+    model_config: ModelConfig,
+    device: Device,
+    model: Transformer,
+    optim: ModuleOptimizer,
     rope: Rope,
     loss: Box<dyn PolicyLoss>,
     /// Frozen initial policy, for the KL penalty.
     reference: Option<Transformer>,
-    pub(crate) step: u64,
-    pub(crate) version: u64,
+    step: u64,
+    version: u64,
 }
 
 impl Trainer {
@@ -144,6 +185,33 @@ impl Trainer {
         })
     }
 
+    /// A trainer that continues a saved run: `policy` holds the weights
+    /// after `step` optimiser steps at `version`, `optimizer` the AdamW
+    /// moments as [`Trainer::optimizer_state`] encoded them. The schedule
+    /// goes on from `step`, so resuming equals never stopping.
+    pub fn restore(
+        cfg: LearnerConfig,
+        policy: Policy,
+        version: u64,
+        step: u64,
+        optimizer: Vec<u8>,
+    ) -> Result<Self, TrainError> {
+        let mut t = Self::new(cfg, policy, version)?;
+        t.optim = t
+            .optim
+            .from_bytes(Bytes::from_bytes_vec(optimizer))
+            .map_err(|e| TrainError::OptimizerState(format!("{e:?}")))?;
+        t.step = step;
+        Ok(t)
+    }
+
+    /// The AdamW moments, encoded for a checkpoint.
+    pub fn optimizer_state(&self) -> Result<Bytes, TrainError> {
+        self.optim
+            .into_bytes()
+            .map_err(|e| TrainError::OptimizerState(format!("{e:?}")))
+    }
+
     pub fn version(&self) -> u64 {
         self.version
     }
@@ -154,6 +222,11 @@ impl Trainer {
 
     pub fn config(&self) -> &LearnerConfig {
         &self.cfg
+    }
+
+    /// The architecture being trained.
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.model_config
     }
 
     /// The current weights, without autodiff, for evaluation and
@@ -169,21 +242,49 @@ impl Trainer {
         &self.model
     }
 
-    /// One optimiser step over `groups`; advances the version by one.
+    /// Every optimiser update of one sampled batch: `epochs` passes over
+    /// `mini_batches` shares of its groups, each update advancing the
+    /// version by one. Advantages and the proximal log-probs are computed
+    /// once, before the first update, so from the second update on the
+    /// ratio `π_θ/π_old` moves and clipping has something to clip.
+    pub fn train_batch(&mut self, groups: &[TrainGroup]) -> Result<Vec<StepReport>, TrainError> {
+        let parts = split_groups(groups, self.cfg.mini_batches as usize);
+        let prepared = parts
+            .iter()
+            .map(|g| self.prepare(g))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut reports = Vec::new();
+        for epoch in 0..self.cfg.epochs {
+            for (k, p) in prepared.iter().enumerate() {
+                let t0 = Instant::now();
+                let mut r = self.apply(self.backward(p)?, t0);
+                r.metrics.insert("epoch".into(), epoch as f64);
+                r.metrics.insert("mini_batch".into(), k as f64);
+                reports.push(r);
+            }
+        }
+        Ok(reports)
+    }
+
+    /// [`Trainer::train_batch`], reporting its last update.
     pub fn step(&mut self, groups: &[TrainGroup]) -> Result<StepReport, TrainError> {
-        let t0 = Instant::now();
+        self.train_batch(groups)?.pop().ok_or(TrainError::Empty)
+    }
+
+    /// One optimiser update with `back`'s gradients; advances the version.
+    pub fn apply(&mut self, back: Backward, t0: Instant) -> StepReport {
         let Backward {
             mut grads,
             loss,
             batch,
             seq_log_weights,
             mut metrics,
-        } = self.gradients(groups)?;
+        } = back;
         let (norm_before, norm_after) =
             clip_global_norm(&self.model, &mut grads, self.cfg.max_grad_norm);
         let mut lr = self.cfg.schedule().at(self.step);
         if self.cfg.vcpo {
-            let scale = lr_scale(&seq_log_weights, 0.5, LrRule::Sqrt);
+            let scale = lr_scale(&seq_log_weights, RHO_BASE, LrRule::Sqrt);
             metrics.insert("vcpo_lr_scale".into(), scale);
             lr *= scale;
         }
@@ -192,7 +293,7 @@ impl Trainer {
         self.version += 1;
         metrics.insert("grad_norm".into(), norm_before);
         metrics.insert("grad_norm_clipped".into(), norm_after);
-        Ok(StepReport {
+        StepReport {
             step: self.step,
             version: self.version,
             loss: loss.loss,
@@ -201,43 +302,88 @@ impl Trainer {
             tokens: batch.len(),
             seconds: t0.elapsed().as_secs_f64(),
             metrics,
-        })
+        }
     }
 
     /// The loss of `groups` under the current weights and its gradient with
     /// respect to every parameter (accumulated over micro-batches), without
-    /// changing anything.
+    /// changing anything: [`Trainer::prepare`] then [`Trainer::backward`].
     pub fn gradients(&self, groups: &[TrainGroup]) -> Result<Backward, TrainError> {
-        let (rows, batch_skel, mut metrics) = self.layout(groups)?;
+        self.backward(&self.prepare(groups)?)
+    }
+
+    /// Lays `groups` out and fixes `lp_old`: the behaviour log-probs, or
+    /// (`recompute`) the current policy's, in a no-grad pass.
+    pub fn prepare(&self, groups: &[TrainGroup]) -> Result<Prepared, TrainError> {
+        let (rows, mut skel, metrics) = self.layout(groups)?;
+        let behav = std::mem::take(&mut skel.logp_old);
+        match self.cfg.proximal {
+            Proximal::Behavior => skel.logp_old = behav,
+            Proximal::Recompute => {
+                skel.logp_old = self.logprobs_no_grad(&rows, skel.len());
+                skel.logp_behav = Some(behav);
+            }
+        }
+        Ok(Prepared {
+            rows,
+            skel,
+            metrics,
+        })
+    }
+
+    /// Response-token log-probs of `rows` under the current weights,
+    /// without a graph, micro-batch by micro-batch.
+    fn logprobs_no_grad(&self, rows: &[Row], n_tokens: usize) -> Vec<f64> {
+        let valid = self.model.valid();
+        let rope = self.plain_rope();
+        let mut lp = vec![0.0; n_tokens];
+        for mb in micro_batches(rows.len(), self.cfg.micro_batch_seqs) {
+            let tokens = self.tokens(&rows[mb.clone()], &self.device.clone().inner());
+            let logits = valid.forward(tokens.clone(), &rope, None);
+            let host = to_host(next_token_logprobs(logits, tokens, self.cfg.temperature));
+            scatter_response(&rows[mb], &host, &mut lp);
+        }
+        lp.into_iter().map(|x| x.min(0.0)).collect()
+    }
+
+    /// `L_const` of `seq-mean-token-sum-norm`: a constant of the run.
+    fn l_const(&self) -> usize {
+        match self.cfg.max_response_tokens {
+            0 => self.model_config.max_position_embeddings,
+            n => n,
+        }
+    }
+
+    /// The loss of a prepared batch under the current weights and its
+    /// parameter gradients (accumulated over micro-batches).
+    pub fn backward(&self, prepared: &Prepared) -> Result<Backward, TrainError> {
+        let Prepared {
+            rows,
+            skel: batch_skel,
+            metrics,
+        } = prepared;
+        let (rows, mut metrics) = (&rows[..], metrics.clone());
         let n_tokens = batch_skel.advantages.len();
-        let micro: Vec<Range<usize>> = (0..rows.len())
-            .step_by(self.cfg.micro_batch_seqs)
-            .map(|s| s..(s + self.cfg.micro_batch_seqs).min(rows.len()))
-            .collect();
+        let micro = micro_batches(rows.len(), self.cfg.micro_batch_seqs);
 
         // Current log-probs: in a no-grad pass first when the loss needs
-        // them before the first backward pass (several micro-batches, or a
-        // recomputed proximal policy); else read off the one autodiff pass.
-        // With the search scoped to micro-batches, each computes its own
-        // loss (bounds, statistics) from its own forward pass; the
-        // denominators stay those of the whole step.
+        // them before the first backward pass (several micro-batches);
+        // else read off the one autodiff pass. With the search scoped to
+        // micro-batches, each computes its own loss (bounds, statistics)
+        // from its own forward pass; the denominators stay those of the
+        // whole step.
         let per_micro = self.cfg.search_scope == SearchScope::MicroBatch && micro.len() > 1;
-        let prepass = !per_micro && (micro.len() > 1 || self.cfg.proximal == Proximal::Recompute);
-        let denoms = Denominators::of(&batch_skel);
+        let prepass = !per_micro && micro.len() > 1;
+        let denoms = Denominators {
+            l_const: self.l_const() as f64,
+            ..Denominators::of(batch_skel)
+        };
         let mut out: Option<(LossOutput, TokenBatch)> = None;
         let (mut lp_flat, mut grad_flat) = (vec![0.0; n_tokens], vec![0.0; n_tokens]);
         let (mut loss_sum, mut metric_sums) = (0.0, BTreeMap::<String, f64>::new());
         if prepass {
-            let valid = self.model.valid();
-            let rope = self.plain_rope();
-            let mut lp = vec![0.0; n_tokens];
-            for mb in &micro {
-                let tokens = self.tokens(&rows[mb.clone()], &self.device.clone().inner());
-                let logits = valid.forward(tokens.clone(), &rope, None);
-                let host = to_host(next_token_logprobs(logits, tokens, self.cfg.temperature));
-                scatter_response(&rows[mb.clone()], &host, &mut lp);
-            }
-            out = Some(self.compute_loss(&batch_skel, lp, &denoms)?);
+            let lp = self.logprobs_no_grad(rows, n_tokens);
+            out = Some(self.compute_loss(batch_skel, lp, &denoms)?);
         }
 
         let mut accum = GradientsAccumulator::<Transformer>::new();
@@ -254,7 +400,7 @@ impl Trainer {
                 scatter_response(rows, &to_host(lp.clone()), &mut lp_flat);
                 let last = rows.last().expect("micro-batches are not empty");
                 let range = rows[0].offset..last.offset + last.len;
-                let sub = slice(&batch_skel, range.clone());
+                let sub = slice(batch_skel, range.clone());
                 let (o, _) = self.compute_loss(&sub, lp_flat[range.clone()].to_vec(), &denoms)?;
                 grad_flat[range.clone()].copy_from_slice(&o.grad);
                 loss_sum += o.loss;
@@ -265,7 +411,7 @@ impl Trainer {
                 let host = to_host(lp.clone());
                 let mut flat = vec![0.0; n_tokens];
                 scatter_response(rows, &host, &mut flat);
-                out = Some(self.compute_loss(&batch_skel, flat, &denoms)?);
+                out = Some(self.compute_loss(batch_skel, flat, &denoms)?);
             }
             let grad: &[f64] = match &out {
                 Some((o, _)) => &o.grad,
@@ -302,7 +448,7 @@ impl Trainer {
             accum.accumulate(&self.model, grads);
         }
         if per_micro {
-            let batch = self.token_batch(&batch_skel, lp_flat)?;
+            let batch = self.token_batch(batch_skel, lp_flat)?;
             let loss = LossOutput {
                 loss: loss_sum,
                 grad: grad_flat,
@@ -312,9 +458,10 @@ impl Trainer {
         }
         let (loss_out, batch) = out.ok_or(TrainError::Empty)?;
 
-        let seq_log_weights = seq_log_weights(&rows, &batch);
+        let seq_log_weights = seq_log_weights(rows, &batch);
         metrics.extend(loss_out.metrics.clone());
         metrics.extend(ratio_metrics(&batch));
+        metrics.extend(mismatch_metrics(&batch));
         metrics.insert("entropy".into(), entropy_sum);
         if self.reference.is_some() {
             metrics.insert("kl_ref_k3".into(), kl_sum);
@@ -328,14 +475,19 @@ impl Trainer {
         })
     }
 
-    /// Rows, the token batch without current log-probs, and the batch's
-    /// data metrics (reward, length, staleness).
+    /// Rows, the token batch with the behaviour log-probs in `logp_old`,
+    /// and the batch's data metrics (reward, length, staleness).
     fn layout(&self, groups: &[TrainGroup]) -> Result<Layout, TrainError> {
         let rewards: Vec<Vec<f64>> = groups
             .iter()
             .map(|g| g.sequences.iter().map(|s| s.reward as f64).collect())
             .collect();
-        let adv = batch_advantages(&rewards, self.cfg.advantage, self.cfg.filter_zero_variance);
+        let adv = batch_advantages(
+            &rewards,
+            self.cfg.estimator(),
+            self.cfg.filter_zero_variance,
+        );
+        let max_response = self.cfg.max_response_tokens;
         let max = self.model_config.max_position_embeddings;
         let vocab = self.model_config.vocab_size;
         let mut rows = Vec::new();
@@ -361,6 +513,14 @@ impl Trainer {
                         index: i,
                         len,
                         max,
+                    });
+                }
+                if max_response > 0 && s.response.len() > max_response {
+                    return Err(TrainError::ResponseTooLong {
+                        group: g.group_id.clone(),
+                        index: i,
+                        len: s.response.len(),
+                        max: max_response,
                     });
                 }
                 if let Some(&id) = s
@@ -394,7 +554,7 @@ impl Trainer {
         if rows.is_empty() {
             return Err(TrainError::Empty);
         }
-        skel.logp_behav = Some(behav);
+        skel.logp_old = behav;
         let mut m = BTreeMap::new();
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
         m.insert("reward_mean".into(), mean(&all_rewards));
@@ -417,23 +577,14 @@ impl Trainer {
         Ok((rows, skel, m))
     }
 
-    /// The token batch with current log-probs `lp` filled in, `lp_old` and
-    /// `lp_behav` placed as configured.
+    /// The token batch with current log-probs `lp` filled in.
     fn token_batch(&self, skel: &TokenBatch, lp: Vec<f64>) -> Result<TokenBatch, TrainError> {
         let lp: Vec<f64> = lp.into_iter().map(|x| x.min(0.0)).collect();
-        let behav = skel
-            .logp_behav
-            .clone()
-            .expect("layout sets behaviour log-probs");
-        let (old, behav) = match self.cfg.proximal {
-            Proximal::Behavior => (behav, None),
-            Proximal::Recompute => (lp.clone(), Some(behav)),
-        };
         Ok(TokenBatch::new(
             skel.advantages.clone(),
             lp,
-            old,
-            behav,
+            skel.logp_old.clone(),
+            skel.logp_behav.clone(),
             Some(skel.mask.clone()),
             Some(skel.seq_ids.clone()),
         )?)
@@ -475,12 +626,29 @@ impl Trainer {
     }
 }
 
+/// Row ranges of `micro`-sequence micro-batches.
+fn micro_batches(rows: usize, micro: usize) -> Vec<Range<usize>> {
+    (0..rows)
+        .step_by(micro.max(1))
+        .map(|s| s..(s + micro.max(1)).min(rows))
+        .collect()
+}
+
+/// `groups` in `k` contiguous shares of whole groups, as even as can be
+/// (group-relative advantages need each group in one piece).
+fn split_groups(groups: &[TrainGroup], k: usize) -> Vec<&[TrainGroup]> {
+    let k = k.clamp(1, groups.len().max(1));
+    (0..k)
+        .map(|i| &groups[i * groups.len() / k..(i + 1) * groups.len() / k])
+        .collect()
+}
+
 /// The tokens `range` of a batch.
 fn slice(b: &TokenBatch, range: Range<usize>) -> TokenBatch {
     TokenBatch {
         advantages: b.advantages[range.clone()].to_vec(),
         logp: Vec::new(),
-        logp_old: Vec::new(),
+        logp_old: b.logp_old[range.clone()].to_vec(),
         logp_behav: b.logp_behav.as_ref().map(|v| v[range.clone()].to_vec()),
         mask: b.mask[range.clone()].to_vec(),
         seq_ids: b.seq_ids[range].to_vec(),

@@ -5,8 +5,10 @@
 //!   `lr_eff = lr · sqrt(min(1, ρ_ess/ρ_base))` (or the linear rule): the
 //!   staler the batch, the smaller the step;
 //! * the **off-policy optimal baseline** (OPOB) per group,
-//!   `b = Σ w_i² ‖g_i‖² R_i / Σ w_i² ‖g_i‖²`, which needs per-trajectory
-//!   gradient norms.
+//!   `b = Σ w_i² ‖g_i‖² R_i / Σ w_i² ‖g_i‖²`. It needs a backward pass per
+//!   trajectory for `‖g_i‖`, which the trainer does not do: training does
+//!   not use it (docs/losses.md says so), the function is the spec's
+//!   formula, checked against T4, for when it does.
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +20,10 @@ pub enum LrRule {
     Sqrt,
     Linear,
 }
+
+/// `ρ_base` of the lr rule (spec §2.10, VCPO's default): the learning rate
+/// shrinks as soon as the sequence ESS falls below the batch size.
+pub const RHO_BASE: f64 = 1.0;
 
 /// The factor the learning rate is multiplied by for one optimiser step.
 pub fn lr_scale(seq_log_weights: &[f64], rho_base: f64, rule: LrRule) -> f64 {
@@ -62,7 +68,10 @@ mod tests {
         let lw = [0.0, 0.5, -0.5, 2.0];
         let w: Vec<f64> = lw.iter().map(|l: &f64| l.exp()).collect();
         close(ess(&w), 1.930691);
-        close(lr_scale(&lw, 1.0, LrRule::Sqrt), 0.694747);
+        // ρ_base = 1 (spec): ρ_ess = 0.482673, sqrt → 0.694747. Under the
+        // old 0.5 it would have been sqrt(0.965346) = 0.982520.
+        close(lr_scale(&lw, RHO_BASE, LrRule::Sqrt), 0.694747);
+        close(lr_scale(&lw, 0.5, LrRule::Sqrt), 0.982520);
         close(lr_scale(&lw, 1.0, LrRule::Linear), 0.482673);
         let b = opob_baseline(&lw, &[1.0, 2.0, 1.0, 0.5], &[1.0, 0.0, 1.0, 0.0]);
         close(b, 0.052833);

@@ -200,7 +200,13 @@ async fn learner(
         }
         rollouts += taken;
         let v = version.load(Relaxed) + 1;
-        client.report_version(VersionReport { version: v }).await?;
+        // No lineage: a learner that does not track incarnations.
+        client
+            .report_version(VersionReport {
+                version: v,
+                ..Default::default()
+            })
+            .await?;
         version.store(v, Relaxed);
     }
     Ok(rollouts)

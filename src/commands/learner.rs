@@ -6,7 +6,7 @@ use anyhow::Context;
 use bapo_learner::{
     Trainer,
     broadcast::WeightHub,
-    checkpoint,
+    checkpoint::{self, Provenance},
     run::{EvalFn, RunOptions},
     server,
 };
@@ -66,7 +66,7 @@ pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
     }
     let device = common::device();
     let (policy, tokenizer) = cfg.model.load(&device)?;
-    let (trainer, cursor) = start_trainer(&args, &cfg, policy, &device)?;
+    let (trainer, provenance) = start_trainer(&args, &cfg, policy, &device)?;
     std::fs::create_dir_all(&args.out)?;
     tokenizer
         .save(&args.out.join("tokenizer.json"))
@@ -87,7 +87,7 @@ pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
         RunOptions {
             buffer: args.buffer.clone(),
             out: args.out.clone(),
-            data_cursor: cursor,
+            provenance,
             eval,
             export_final: args.export_final,
         },
@@ -114,14 +114,14 @@ pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The trainer and the buffer cursor it is at: the newest checkpoint in
+/// The trainer and what its weights descend from: the newest checkpoint in
 /// `--out` with `--resume` (when there is one), else fresh from `policy`.
 fn start_trainer(
     args: &LearnerArgs,
     cfg: &ConfigFile,
     policy: Policy,
     device: &Device,
-) -> anyhow::Result<(Trainer, u64)> {
+) -> anyhow::Result<(Trainer, Provenance)> {
     let ckpt_dir = args.out.join("checkpoints");
     let latest = args
         .resume
@@ -129,7 +129,10 @@ fn start_trainer(
         .transpose()?
         .flatten();
     let Some(dir) = latest else {
-        return Ok((Trainer::new(cfg.learner.clone(), policy, 0)?, 0));
+        return Ok((
+            Trainer::new(cfg.learner.clone(), policy, 0)?,
+            Provenance::default(),
+        ));
     };
     let (t, state) = checkpoint::load(&dir, cfg.learner.clone(), device)
         .with_context(|| format!("resuming from {}", dir.display()))?;
@@ -139,7 +142,7 @@ fn start_trainer(
         "resumed from {}",
         dir.display()
     );
-    Ok((t, state.data_cursor))
+    Ok((t, state.provenance))
 }
 
 /// The periodic held-out evaluation, when `[learner] eval_every` asks for one.

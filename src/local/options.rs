@@ -74,6 +74,7 @@ impl RunOptions {
         c.learner.temperature = c.actor.sampling.temperature;
         c.learner.validate()?;
         c.buffer.validate()?;
+        c.actor.validate()?;
         Ok(c)
     }
 }

@@ -78,10 +78,12 @@ impl BapoConfig {
         }
     }
 
-    /// The official code's `bapo_trainer.yaml` defaults.
+    /// The official code's `bapo_trainer.yaml` defaults, with the dual clip
+    /// at 3 its loss always applies (verl's `clip_ratio_c`).
     pub fn code() -> Self {
         Self {
             mode: BapoMode::Code,
+            dual_clip: Some(3.0),
             target: 1.0,
             low_start: 0.6,
             low_max: 0.8,

@@ -1,5 +1,9 @@
 //! Losses by name, with the options `bapo loss` and the learner config
-//! expose laid over each loss's own defaults.
+//! expose laid over each loss's own defaults. Each name also carries what
+//! its paper trains it with ([`ENTRIES`]): an algorithm compared under its
+//! name must be that algorithm, not the loss on another estimator.
+
+use crate::advantage::Estimator;
 
 use super::{
     Aggregation, LossError, PolicyLoss,
@@ -10,7 +14,7 @@ use super::{
     ppo::PpoClip,
     reinforce::{AsymRe, Opmd},
     sapo::Sapo,
-    tis::Tis,
+    tis::{IsCorrection, Tis, TisLevel},
 };
 
 pub const NAMES: &[&str] = &[
@@ -28,6 +32,111 @@ pub const NAMES: &[&str] = &[
     "tis",
 ];
 
+/// What a loss trains on unless the config says otherwise, and what it
+/// needs to mean anything.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Entry {
+    pub name: &'static str,
+    /// The paper's advantage estimator.
+    pub estimator: Estimator,
+    /// The loss reads `π_old/π_behav` (decoupled, TIS): without behaviour
+    /// log-probs distinct from the proximal ones its weight is 1.
+    pub needs_behaviour: bool,
+    /// The gradient depends on `r = π_θ/π_old` (clip, gate, weight or
+    /// regulariser): with `lp_old` recomputed and one update per batch,
+    /// `r ≡ 1` and the loss degenerates to plain policy gradient.
+    pub uses_ratio: bool,
+    /// Where the defaults come from (spec section and source).
+    pub source: &'static str,
+}
+
+const fn entry(name: &'static str, estimator: Estimator, source: &'static str) -> Entry {
+    Entry {
+        name,
+        estimator,
+        needs_behaviour: false,
+        uses_ratio: true,
+        source,
+    }
+}
+
+/// One entry per name of [`NAMES`], in the same order. Aggregation and
+/// bounds are the built loss's own defaults (`build(name, &default())`).
+pub const ENTRIES: &[Entry] = &[
+    entry(
+        "bapo",
+        Estimator::Grpo,
+        "BAPO §5.1 (GRPO basis), official code adv_estimator=grpo, verl token-mean",
+    ),
+    entry(
+        "ppo",
+        Estimator::Grpo,
+        "Schulman et al.; critic-free here, so verl's GRPO advantage",
+    ),
+    entry(
+        "grpo",
+        Estimator::Grpo,
+        "DeepSeekMath (spec §2.2), verl norm_adv_by_std=True",
+    ),
+    entry(
+        "dr-grpo",
+        Estimator::DrGrpo,
+        "Dr. GRPO (spec §2.3), verl recipe norm_adv_by_std_in_grpo=False",
+    ),
+    entry("dapo", Estimator::Grpo, "DAPO (spec §2.4), verl recipe"),
+    entry(
+        "gspo",
+        Estimator::Grpo,
+        "GSPO (spec §2.5): group-normalised Â",
+    ),
+    entry("sapo", Estimator::Grpo, "SAPO (spec §2.6), verl"),
+    entry(
+        "cispo",
+        Estimator::Grpo,
+        "MiniMax-M1 (spec §2.7), verl compute_policy_loss_cispo",
+    ),
+    entry(
+        "opmd",
+        Estimator::DrGrpo,
+        "Trinity-RFT OPMD (spec §2.11): no std normalisation",
+    ),
+    Entry {
+        // The loss never reads lp_old: −(A + τ)·lp_θ.
+        uses_ratio: false,
+        ..entry(
+            "asymre",
+            Estimator::DrGrpo,
+            "Trinity-RFT AsymRE (spec §2.11): no std; the τ shift is in the loss",
+        )
+    },
+    Entry {
+        needs_behaviour: true,
+        ..entry(
+            "decoupled",
+            Estimator::Grpo,
+            "AReaL (spec §2.15); estimator not stated there, GRPO kept",
+        )
+    },
+    Entry {
+        needs_behaviour: true,
+        ..entry(
+            "tis",
+            Estimator::Grpo,
+            "verl rollout correction (spec §2.14) on GRPO",
+        )
+    },
+];
+
+/// The registry entry of `name`, or an error naming `algo`.
+pub fn entry_of(name: &str) -> Result<&'static Entry, LossError> {
+    ENTRIES.iter().find(|e| e.name == name).ok_or_else(|| {
+        LossError::new(
+            "algo",
+            format!("unknown algorithm {name:?}; known: {}", NAMES.join(", ")),
+        )
+    })
+}
+
 /// Overrides common to the losses; `None` keeps the loss's default.
 #[derive(Debug, Clone, Default)]
 pub struct LossOptions {
@@ -35,8 +144,32 @@ pub struct LossOptions {
     /// ε_low (and ε_high unless given separately).
     pub clip_eps: Option<f64>,
     pub clip_eps_high: Option<f64>,
+    /// Dual clip constant `c > 1` for negative advantages; `Some(0.0)`
+    /// turns off a loss's default one (BAPO code mode's 3.0).
     pub dual_clip: Option<f64>,
     pub agg: Option<Aggregation>,
+}
+
+/// TIS's options (a separate struct so `LossOptions` literals elsewhere
+/// stay valid): correction, level, band floor and cap, `None` for the
+/// mode's default. The default is truncation per token at 2.
+#[derive(Debug, Clone, Copy)]
+pub struct TisOptions {
+    pub mode: IsCorrection,
+    pub level: TisLevel,
+    pub low: Option<f64>,
+    pub high: Option<f64>,
+}
+
+impl Default for TisOptions {
+    fn default() -> Self {
+        Self {
+            mode: IsCorrection::Truncate,
+            level: TisLevel::Token,
+            low: None,
+            high: None,
+        }
+    }
 }
 
 impl LossOptions {
@@ -45,17 +178,48 @@ impl LossOptions {
         let hi = self.clip_eps_high.or(self.clip_eps).unwrap_or(high);
         (lo, hi)
     }
+
+    /// The dual clip over a loss's default: 0 disables it.
+    fn dual(&self, default: Option<f64>) -> Option<f64> {
+        match self.dual_clip {
+            Some(0.0) => None,
+            Some(c) => Some(c),
+            None => default,
+        }
+    }
+
+    /// A dual clip must be 0 (off) or above 1 (it caps `r` of negative
+    /// tokens from above, past the trust region).
+    fn check(&self) -> Result<(), LossError> {
+        match self.dual_clip {
+            Some(c) if !(c == 0.0 || (c.is_finite() && c > 1.0)) => Err(LossError::new(
+                "dual_clip",
+                format!("{c} must be 0 (off) or a finite number above 1"),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Builds the named loss.
 pub fn build(name: &str, o: &LossOptions) -> Result<Box<dyn PolicyLoss>, LossError> {
+    build_with(name, o, &TisOptions::default())
+}
+
+/// Builds the named loss, with TIS's options.
+pub fn build_with(
+    name: &str,
+    o: &LossOptions,
+    tis: &TisOptions,
+) -> Result<Box<dyn PolicyLoss>, LossError> {
+    o.check()?;
     let agg = |default: Aggregation| o.agg.unwrap_or(default);
     let ppo_like = |base: PpoClip| {
         let (eps_low, eps_high) = o.eps(base.eps_low, base.eps_high);
         PpoClip {
             eps_low,
             eps_high,
-            dual_clip: o.dual_clip.or(base.dual_clip),
+            dual_clip: o.dual(base.dual_clip),
             agg: agg(base.agg),
             ..base
         }
@@ -66,7 +230,7 @@ pub fn build(name: &str, o: &LossOptions) -> Result<Box<dyn PolicyLoss>, LossErr
                 BapoMode::Paper => BapoConfig::paper(),
                 BapoMode::Code => BapoConfig::code(),
             };
-            cfg.dual_clip = o.dual_clip;
+            cfg.dual_clip = o.dual(cfg.dual_clip);
             cfg.agg = agg(cfg.agg);
             Box::new(Bapo { cfg })
         }
@@ -119,30 +283,35 @@ pub fn build(name: &str, o: &LossOptions) -> Result<Box<dyn PolicyLoss>, LossErr
             Box::new(Decoupled {
                 eps_low,
                 eps_high,
-                dual_clip: o.dual_clip,
+                dual_clip: o.dual(d.dual_clip),
                 agg: agg(d.agg),
                 ..d
             })
         }
         "tis" => {
-            let d = Tis::default();
+            let d = Tis::with(tis.mode, tis.level);
             let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
-            Box::new(Tis {
+            let tis = Tis {
                 eps_low,
                 eps_high,
-                dual_clip: o.dual_clip,
+                dual_clip: o.dual(d.dual_clip),
+                low: tis.low.unwrap_or(d.low),
+                high: tis.high.unwrap_or(d.high),
                 agg: agg(d.agg),
                 ..d
-            })
+            };
+            tis.check()?;
+            Box::new(tis)
         }
-        other => {
-            return Err(LossError::new(
-                "algo",
-                format!("unknown algorithm {other:?}; known: {}", NAMES.join(", ")),
-            ));
-        }
+        other => return Err(entry_of(other).err().unwrap_or_else(|| unlisted(other))),
     };
     Ok(loss)
+}
+
+/// A name with an entry but no constructor: a registry bug, caught by
+/// `every_name_has_an_entry_and_builds`.
+fn unlisted(name: &str) -> LossError {
+    LossError::new("algo", format!("{name:?} has no constructor"))
 }
 
 #[cfg(test)]
@@ -191,6 +360,88 @@ mod tests {
             let a = loss.compute(&b, &Denominators::of(&b)).loss;
             let r = loss.compute(&rev, &Denominators::of(&rev)).loss;
             assert!((a - r).abs() < 1e-12, "{name}: {a} vs {r}");
+        }
+    }
+
+    #[test]
+    fn every_name_has_an_entry_and_builds() {
+        let names: Vec<&str> = ENTRIES.iter().map(|e| e.name).collect();
+        assert_eq!(names, NAMES);
+        for name in NAMES {
+            assert_eq!(entry_of(name).unwrap().name, *name);
+        }
+    }
+
+    /// Each loss's estimator and aggregation, as the spec's tables give
+    /// them (§0.3, §1.5, §2).
+    #[test]
+    fn defaults_are_the_papers() {
+        use Aggregation::*;
+        use Estimator::*;
+        let want = [
+            ("bapo", Grpo, TokenMean),
+            ("ppo", Grpo, TokenMean),
+            ("grpo", Grpo, SeqMeanTokenMean),
+            ("dr-grpo", DrGrpo, SeqMeanTokenSumNorm),
+            ("dapo", Grpo, TokenMean),
+            ("gspo", Grpo, SeqMeanTokenMean),
+            ("sapo", Grpo, SeqMeanTokenMean),
+            ("cispo", Grpo, TokenMean),
+            ("opmd", DrGrpo, TokenMean),
+            ("asymre", DrGrpo, TokenMean),
+            ("decoupled", Grpo, TokenMean),
+            ("tis", Grpo, TokenMean),
+        ];
+        assert_eq!(want.len(), NAMES.len());
+        for (name, est, agg) in want {
+            assert_eq!(entry_of(name).unwrap().estimator, est, "{name}");
+            let loss = build(name, &LossOptions::default()).unwrap();
+            assert_eq!(loss.aggregation(), agg, "{name}");
+        }
+        let e = entry_of("asymre").unwrap();
+        assert!(!e.uses_ratio && !e.needs_behaviour);
+        assert!(entry_of("tis").unwrap().needs_behaviour);
+        assert!(entry_of("decoupled").unwrap().needs_behaviour);
+    }
+
+    /// BAPO code mode applies the official dual clip at 3 unless told
+    /// otherwise. T3 by hand: the code search ends at (0.8, 2.0); per-token
+    /// losses `[−3, −1.8, 4.5 (dual: 1.5·3), 1.2, −0.525, 0.55]`, sum
+    /// 0.925; without the dual clip t3 is 1.5·5 = 7.5, sum 3.925; with
+    /// `c = 4` it is 6, sum 2.425.
+    #[test]
+    fn bapo_code_mode_dual_clips_at_3_by_default() {
+        let b = t3();
+        let d = Denominators::of(&b);
+        let code = |dual_clip| LossOptions {
+            bapo_mode: Some(BapoMode::Code),
+            dual_clip,
+            ..Default::default()
+        };
+        let out = build("bapo", &code(None)).unwrap().compute(&b, &d);
+        close(out.metrics["c_low"], 0.8);
+        close(out.metrics["c_high"], 2.0);
+        close(out.loss, 0.925 / 6.0);
+        close_all(&out.grad, &[-0.5, -0.3, 0.0, 0.0, -0.0875, 0.091667]);
+        close(out.metrics["dual_clip_frac"], 1.0 / 6.0);
+        let off = build("bapo", &code(Some(0.0))).unwrap().compute(&b, &d);
+        close(off.loss, 3.925 / 6.0);
+        close(off.grad[2], 7.5 / 6.0);
+        let four = build("bapo", &code(Some(4.0))).unwrap().compute(&b, &d);
+        close(four.loss, 2.425 / 6.0);
+        // Paper mode has none unless asked.
+        let paper = build("bapo", &LossOptions::default()).unwrap();
+        assert_eq!(paper.compute(&b, &d).metrics["dual_clip_frac"], 0.0);
+    }
+
+    #[test]
+    fn a_dual_clip_at_or_below_1_is_refused_by_name() {
+        for c in [0.5, 1.0, -3.0, f64::NAN] {
+            let o = LossOptions {
+                dual_clip: Some(c),
+                ..Default::default()
+            };
+            assert_eq!(build("ppo", &o).err().unwrap().field, "dual_clip", "{c}");
         }
     }
 
