@@ -4,20 +4,15 @@
 use std::{future::Future, time::Duration};
 
 use bapo_proto::{
-    FILE_DESCRIPTOR_SET,
+    FILE_DESCRIPTOR_SET, transport,
     v1::{batch_source_server::BatchSourceServer, rollout_sink_server::RolloutSinkServer},
 };
 use tokio::net::TcpListener;
-use tonic::transport::{Server, server::TcpIncoming};
 
 use crate::{
     Buffer,
     service::{BatchSourceService, RolloutSinkService},
 };
-
-/// HTTP/2 flow-control windows, for servers and for clients of them.
-pub const STREAM_WINDOW: u32 = 4 << 20;
-pub const CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// How long in-flight streams get to finish after the shutdown signal.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -59,17 +54,12 @@ pub async fn serve(
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "buffer serving");
 
-    // Nagle off: an ack or a batch ends with a small trailers frame that
-    // would otherwise wait for the peer's delayed ACK (~40 ms).
-    let incoming = TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(Duration::from_secs(30)));
+    // Shared limits: silent or garbage connections cannot crowd out the
+    // actors and the learner (bapo_proto::transport says what each one
+    // defends against).
+    let incoming = transport::guarded(listener, transport::Guard::default());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = Server::builder()
-        // h2's 64 KiB default windows stall a stream after eight 8 KiB
-        // rollouts until the peer's WINDOW_UPDATE arrives; batches are MBs.
-        .initial_stream_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONNECTION_WINDOW)
+    let server = transport::server()
         .add_service(health_service)
         .add_service(reflection)
         .add_service(sink)

@@ -1,10 +1,10 @@
 //! The learner's gRPC face: the weight stream (`bapo.v1.WeightSource`),
 //! health checking and reflection. Thin over [`WeightHub`].
 
-use std::{future::Future, pin::Pin, time::Duration};
+use std::{future::Future, pin::Pin};
 
 use bapo_proto::{
-    FILE_DESCRIPTOR_SET,
+    FILE_DESCRIPTOR_SET, transport,
     v1::{
         SubscribeRequest, WeightMessage, WeightUpdate,
         weight_message::Kind,
@@ -14,7 +14,7 @@ use bapo_proto::{
 use metrics::{gauge, histogram};
 use tokio::{net::TcpListener, sync::mpsc};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
-use tonic::{Request, Response, Status, transport::Server};
+use tonic::{Request, Response, Status};
 
 use crate::{
     broadcast::{Published, WeightHub},
@@ -173,9 +173,10 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+    // Shared limits: silent or garbage connections cannot crowd out the
+    // actors (bapo_proto::transport says what each one defends against).
+    let incoming = transport::guarded(listener, transport::Guard::default());
+    transport::server()
         .add_service(health_service)
         .add_service(reflection)
         .add_service(WeightSourceServer::new(WeightSourceService::new(hub)))

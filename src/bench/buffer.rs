@@ -96,8 +96,8 @@ fn group_messages(p: &Payload, group: &str, k: u32, version: u64) -> Vec<v1::Rol
 async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
     Ok(Channel::from_shared(format!("http://{addr}"))?
         .tcp_nodelay(true)
-        .initial_stream_window_size(bapo_buffer::server::STREAM_WINDOW)
-        .initial_connection_window_size(bapo_buffer::server::CONNECTION_WINDOW)
+        .initial_stream_window_size(bapo_proto::transport::STREAM_WINDOW)
+        .initial_connection_window_size(bapo_proto::transport::CONNECTION_WINDOW)
         .connect()
         .await?)
 }

@@ -1,0 +1,195 @@
+//! The transport settings every bapo gRPC server shares, and the guard in
+//! front of its listening socket.
+//!
+//! A server must keep serving its real clients while anything that can
+//! reach its port misbehaves: connections that never speak, peers that send
+//! garbage, half-open sockets of a node that died, a client opening streams
+//! without end. What each setting defends against:
+//!
+//! * a connection that sends nothing within [`HANDSHAKE_TIMEOUT`] is
+//!   closed before HTTP/2 sees it, so idle sockets cannot pile up;
+//! * at most [`MAX_CONNECTIONS`] connections are served at once; more are
+//!   closed on accept (a file-descriptor budget, not a rate limit);
+//! * garbage fails the HTTP/2 preface and hyper closes that connection;
+//! * a peer that stops answering HTTP/2 pings for [`KEEPALIVE_TIMEOUT`] is
+//!   dropped (a node that vanished leaves no half-open stream holding a
+//!   batch or a weight transfer);
+//! * one connection may open at most [`MAX_CONCURRENT_STREAMS`] streams and
+//!   run [`MAX_CALLS_PER_CONNECTION`] calls at once; rapid stream resets
+//!   are bounded too.
+//!
+//! There is no per-call deadline: a held push (backpressure) and a weight
+//! subscription are meant to last.
+
+use std::{
+    io,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpStream},
+    sync::{OwnedSemaphorePermit, Semaphore, mpsc},
+};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{
+    Server,
+    server::{Connected, TcpConnectInfo},
+};
+
+/// HTTP/2 flow-control windows, for servers and for clients of them: h2's
+/// 64 KiB default stalls a stream after eight 8 KiB rollouts until the
+/// peer's WINDOW_UPDATE arrives, and batches are megabytes.
+pub const STREAM_WINDOW: u32 = 4 << 20;
+pub const CONNECTION_WINDOW: u32 = 16 << 20;
+
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const MAX_CONNECTIONS: usize = 4096;
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+pub const MAX_CONCURRENT_STREAMS: u32 = 256;
+pub const MAX_CALLS_PER_CONNECTION: usize = 256;
+const MAX_PENDING_RESETS: usize = 64;
+
+/// A server builder with the shared settings.
+pub fn server() -> Server {
+    Server::builder()
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .concurrency_limit_per_connection(MAX_CALLS_PER_CONNECTION)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
+}
+
+/// Limits of [`guarded`]; the defaults are the constants above.
+#[derive(Debug, Clone, Copy)]
+pub struct Guard {
+    pub handshake_timeout: Duration,
+    pub max_connections: usize,
+}
+
+impl Default for Guard {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            max_connections: MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// The connections of `listener` that pass `guard`, for
+/// `Server::serve_with_incoming`: Nagle off (an ack ends with a small
+/// trailers frame that would otherwise wait for a delayed ACK), closed if
+/// silent for the handshake timeout or beyond the connection budget. The
+/// accept loop ends when the stream is dropped.
+pub fn guarded(
+    listener: TcpListener,
+    guard: Guard,
+) -> ReceiverStream<io::Result<GuardedConnection>> {
+    let (tx, rx) = mpsc::channel(64);
+    let budget = Arc::new(Semaphore::new(guard.max_connections));
+    tokio::spawn(async move {
+        loop {
+            let stream = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    // Per-connection errors (a reset before accept, EMFILE):
+                    // back off briefly and keep serving.
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                },
+                () = tx.closed() => return,
+            };
+            let Ok(permit) = budget.clone().try_acquire_owned() else {
+                continue; // over budget: dropped, so closed
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                if let Some(c) = admit(stream, permit, guard.handshake_timeout).await {
+                    let _ = tx.send(Ok(c)).await;
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Waits for the first byte of a connection; `None` closes it.
+async fn admit(
+    stream: TcpStream,
+    permit: OwnedSemaphorePermit,
+    timeout: Duration,
+) -> Option<GuardedConnection> {
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => {}
+        _ => return None,
+    }
+    stream.set_nodelay(true).ok()?;
+    Some(GuardedConnection {
+        stream,
+        _permit: permit,
+    })
+}
+
+/// A served connection; it holds its place in the connection budget until
+/// it closes.
+pub struct GuardedConnection {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Connected for GuardedConnection {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for GuardedConnection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for GuardedConnection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
