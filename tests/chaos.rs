@@ -1,0 +1,320 @@
+//! Chaos: the whole loop as separate `bapo` processes (a durable buffer, a
+//! resuming learner with a short checkpoint period, two actors), with each
+//! kind of process killed with SIGKILL in turn and restarted with the same
+//! flags. After every restart the learner must step again within a bounded
+//! time; at the end the buffer's books must balance with nothing
+//! acknowledged lost.
+//!
+//! The learner is killed more than `max_staleness + 1` versions past its
+//! last checkpoint: the case that froze the whole system before learner
+//! incarnations (docs/architecture.md, "Failure model").
+
+use std::{
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use bapo_proto::v1::{Stats, StatsRequest, batch_source_client::BatchSourceClient};
+
+const CHECKPOINT_EVERY: u64 = 10;
+const MAX_STALENESS: u64 = 1;
+
+fn config() -> String {
+    format!(
+        r#"
+[buffer]
+group_size = 4
+min_group_size = 2
+group_timeout_ms = 3000
+batch_groups = 2
+max_staleness = {MAX_STALENESS}
+
+[learner]
+batch_groups = 2
+lr = 1e-4
+steps = 0
+checkpoint_every = {CHECKPOINT_EVERY}
+keep_checkpoints = 2
+eval_every = 0
+
+[actor]
+group_size = 4
+concurrency = 1
+shutdown_grace_s = 1.0
+
+[actor.sampling]
+max_new_tokens = 8
+"#
+    )
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The processes of one loop and the flags each is (re)started with.
+struct Cluster {
+    dir: PathBuf,
+    buffer_port: u16,
+    learner_port: u16,
+    buffer: Option<Child>,
+    learner: Option<Child>,
+    actors: Vec<Option<Child>>,
+}
+
+impl Cluster {
+    fn new(dir: &Path) -> Self {
+        std::fs::write(dir.join("bapo.toml"), config()).unwrap();
+        Self {
+            dir: dir.to_path_buf(),
+            buffer_port: free_port(),
+            learner_port: free_port(),
+            buffer: None,
+            learner: None,
+            actors: vec![None, None],
+        }
+    }
+
+    fn spawn(&self, name: &str, args: &[String]) -> Child {
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{name}.log")))
+            .unwrap();
+        Command::new(env!("CARGO_BIN_EXE_bapo"))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    }
+
+    fn config_arg(&self) -> [String; 2] {
+        [
+            "--config".into(),
+            self.dir.join("bapo.toml").display().to_string(),
+        ]
+    }
+
+    fn start_buffer(&mut self) {
+        let mut args = vec!["buffer".to_string()];
+        args.extend(self.config_arg());
+        args.extend([
+            "--listen".into(),
+            format!("127.0.0.1:{}", self.buffer_port),
+            "--data-dir".into(),
+            self.dir.join("wal").display().to_string(),
+        ]);
+        self.buffer = Some(self.spawn("buffer", &args));
+    }
+
+    fn start_learner(&mut self) {
+        let mut args = vec!["learner".to_string()];
+        args.extend(self.config_arg());
+        args.extend([
+            "--buffer".into(),
+            format!("http://127.0.0.1:{}", self.buffer_port),
+            "--listen".into(),
+            format!("127.0.0.1:{}", self.learner_port),
+            "--out".into(),
+            self.dir.join("learner").display().to_string(),
+            "--resume".into(),
+        ]);
+        self.learner = Some(self.spawn("learner", &args));
+    }
+
+    fn start_actor(&mut self, i: usize) {
+        let mut args = vec!["actor".to_string()];
+        args.extend(self.config_arg());
+        args.extend([
+            "--buffer".into(),
+            format!("http://127.0.0.1:{}", self.buffer_port),
+            "--learner".into(),
+            format!("http://127.0.0.1:{}", self.learner_port),
+            "--actor-id".into(),
+            format!("actor-{i}"),
+        ]);
+        self.actors[i] = Some(self.spawn(&format!("actor-{i}"), &args));
+    }
+
+    /// Panics (with the logs) if a process exited on its own.
+    fn check_alive(&mut self) {
+        let mut all: Vec<(&str, &mut Option<Child>)> =
+            vec![("buffer", &mut self.buffer), ("learner", &mut self.learner)];
+        for a in &mut self.actors {
+            all.push(("actor", a));
+        }
+        for (name, child) in all {
+            if let Some(c) = child
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                panic!(
+                    "{name} exited on its own with {status}; logs in {}",
+                    self.dir.display()
+                );
+            }
+        }
+    }
+
+    fn stop_all(&mut self) {
+        let mut all: Vec<&mut Option<Child>> = vec![&mut self.learner, &mut self.buffer];
+        all.extend(self.actors.iter_mut());
+        for c in all.into_iter().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+/// SIGKILL, and wait for the process to be gone.
+fn kill9(child: &mut Option<Child>) {
+    let mut c = child.take().expect("a running process");
+    c.kill().unwrap();
+    c.wait().unwrap();
+}
+
+async fn stats(port: u16) -> Option<Stats> {
+    let mut client = BatchSourceClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .ok()?;
+    let s = client.get_stats(StatsRequest {}).await.ok()?;
+    Some(s.into_inner())
+}
+
+/// Waits until the buffer reports a learner version satisfying `ok`.
+async fn wait_for(
+    c: &mut Cluster,
+    what: &str,
+    limit: Duration,
+    ok: impl Fn(&Stats) -> bool,
+) -> Stats {
+    let deadline = Instant::now() + limit;
+    let mut last = None;
+    while Instant::now() < deadline {
+        c.check_alive();
+        if let Some(s) = stats(c.buffer_port).await {
+            if ok(&s) {
+                return s;
+            }
+            last = Some(s);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "{what}: not within {limit:?}; last stats {last:?}; logs in {}",
+        c.dir.display()
+    );
+}
+
+/// The learner's last version before its kill and the version it resumed
+/// from, read off its metrics.jsonl (one line per step, appended by both
+/// incarnations).
+fn rollback(metrics: &Path) -> (u64, u64) {
+    let text = std::fs::read_to_string(metrics).unwrap();
+    let versions: Vec<u64> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("loss").is_some())
+        .filter_map(|v| v["version"].as_u64())
+        .collect();
+    let drop = versions
+        .windows(2)
+        .find(|w| w[1] <= w[0])
+        .expect("the versions go back after the restart");
+    (drop[0], drop[1] - 1)
+}
+
+/// Within this, every restart must lead to learner steps again. Generous
+/// for a loaded 2-core CI machine: a tiny-model step takes milliseconds.
+const PROGRESS: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loop_survives_kill_9_of_each_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(tmp.path());
+    c.start_buffer();
+    c.start_learner();
+    c.start_actor(0);
+    c.start_actor(1);
+
+    // Run until the learner is more than max_staleness + 1 versions past a
+    // checkpoint, then kill it.
+    let far = MAX_STALENESS + 2;
+    let s = wait_for(&mut c, "first steps", PROGRESS, |s| {
+        s.learner_version > CHECKPOINT_EVERY && s.learner_version % CHECKPOINT_EVERY >= far
+    })
+    .await;
+    kill9(&mut c.learner);
+    let killed_at = s.learner_version;
+    let incarnation = s.learner_incarnation;
+    c.start_learner();
+    let s = wait_for(&mut c, "steps after the learner restart", PROGRESS, |s| {
+        s.learner_incarnation != incarnation && s.learner_version > killed_at + 3
+    })
+    .await;
+    assert!(
+        s.learner_incarnation != 0,
+        "the learner reports an incarnation"
+    );
+    let (died_at, resumed_at) = rollback(&c.dir.join("learner").join("metrics.jsonl"));
+    assert!(
+        died_at > resumed_at + MAX_STALENESS + 1,
+        "the learner resumed at version {resumed_at} after dying at {died_at}: \
+         not the case this test is for (more than max_staleness + 1 behind)"
+    );
+
+    kill9(&mut c.actors[0]);
+    c.start_actor(0);
+    let v = s.learner_version;
+    let s = wait_for(&mut c, "steps after an actor restart", PROGRESS, |s| {
+        s.learner_version > v + 3
+    })
+    .await;
+
+    // Every group the buffer acknowledged a rollout of is in its log
+    // (rollouts_accepted is a process counter; the group books are durable).
+    let admitted_before = s.groups_admitted;
+    kill9(&mut c.buffer);
+    c.start_buffer();
+    let v = s.learner_version;
+    let s = wait_for(&mut c, "steps after the buffer restart", PROGRESS, |s| {
+        s.learner_version > v + 3
+    })
+    .await;
+    assert!(
+        s.groups_admitted >= admitted_before,
+        "acknowledged groups lost: {} admitted before the buffer's kill, {} after",
+        admitted_before,
+        s.groups_admitted
+    );
+
+    // Quiesce: stop generation, then the learner, and read the books.
+    for a in &mut c.actors {
+        kill9(a);
+    }
+    kill9(&mut c.learner);
+    let s = stats(c.buffer_port).await.expect("buffer stats");
+    let evicted: u64 = s.evictions.values().sum();
+    assert_eq!(
+        s.groups_admitted,
+        s.groups_consumed + evicted + s.groups_pending + s.groups_ready,
+        "books do not balance: {s:?}"
+    );
+    assert!(
+        s.groups_lost_to_rollback > 0 || s.evictions.contains_key("rolled_back"),
+        "the learner's kill past its checkpoint left no trace in the books: {s:?}"
+    );
+}
