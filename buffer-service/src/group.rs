@@ -71,23 +71,23 @@ pub struct ReadyGroup {
 
 /// What the buffer remembers under a group id.
 #[derive(Debug)]
-pub enum Slot {
+pub enum GroupEntry {
     Pending(PendingGroup),
     /// Ready, handed out or evicted: only the member ids remain here.
     Sealed(Vec<String>),
 }
 
-impl Slot {
+impl GroupEntry {
     /// Turns a pending group into its tombstone and returns the group;
     /// `None` when already sealed.
     pub fn seal(&mut self) -> Option<PendingGroup> {
-        let Slot::Pending(p) = self else {
+        let GroupEntry::Pending(p) = self else {
             return None;
         };
         let ids = p.member_ids();
-        match std::mem::replace(self, Slot::Sealed(ids)) {
-            Slot::Pending(p) => Some(p),
-            Slot::Sealed(_) => None,
+        match std::mem::replace(self, GroupEntry::Sealed(ids)) {
+            GroupEntry::Pending(p) => Some(p),
+            GroupEntry::Sealed(_) => None,
         }
     }
 }

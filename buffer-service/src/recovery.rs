@@ -16,7 +16,7 @@ use super::Inner;
 use crate::{
     admission::Ledger,
     eviction::EvictReason,
-    group::{PendingGroup, ReadyGroup, Slot},
+    group::{PendingGroup, ReadyGroup, GroupEntry},
     lineage::Lineage,
     wal::{Snapshot, SnapshotRefused},
     wire,
@@ -106,10 +106,10 @@ impl Inner {
                     };
                     match self.groups.entry(r.group_id.clone()) {
                         Entry::Vacant(v) => {
-                            v.insert(Slot::Pending(PendingGroup::new(r, now)));
+                            v.insert(GroupEntry::Pending(PendingGroup::new(r, now)));
                         }
                         Entry::Occupied(mut o) => {
-                            if let Slot::Pending(p) = o.get_mut()
+                            if let GroupEntry::Pending(p) = o.get_mut()
                                 && !p.contains(&r.id)
                             {
                                 p.add(r);
@@ -161,7 +161,7 @@ impl Inner {
                 Some(Kind::Tombstone(t)) => {
                     self.groups
                         .entry(t.group_id)
-                        .or_insert_with(|| Slot::Sealed(t.rollout_ids));
+                        .or_insert_with(|| GroupEntry::Sealed(t.rollout_ids));
                 }
                 None => {}
             }
@@ -171,7 +171,7 @@ impl Inner {
             .groups
             .iter()
             .filter_map(|e| match e.value() {
-                Slot::Pending(p) if p.members.len() >= self.cfg.group_size as usize => {
+                GroupEntry::Pending(p) if p.members.len() >= self.cfg.group_size as usize => {
                     Some(e.key().clone())
                 }
                 _ => None,
@@ -219,11 +219,11 @@ impl Inner {
         let mut tombstones = self.tombstones.lock();
         for e in self.groups.iter() {
             match e.value() {
-                Slot::Pending(p) => {
+                GroupEntry::Pending(p) => {
                     pending += 1;
                     bytes = bytes.saturating_add(p.bytes);
                 }
-                Slot::Sealed(_) => tombstones.push_back(e.key().clone()),
+                GroupEntry::Sealed(_) => tombstones.push_back(e.key().clone()),
             }
         }
         let held = pending + store.len() as u64;
@@ -266,12 +266,12 @@ impl Inner {
         let mut sealed = Vec::new();
         for e in self.groups.iter() {
             match e.value() {
-                Slot::Pending(p) => {
+                GroupEntry::Pending(p) => {
                     for m in &p.members {
                         pending_records.push(rec(Kind::Rollout(wire::rollout_to_wire(m))));
                     }
                 }
-                Slot::Sealed(ids) => sealed.push((e.key().clone(), ids.clone())),
+                GroupEntry::Sealed(ids) => sealed.push((e.key().clone(), ids.clone())),
             }
         }
         let learner = self.learner.read();

@@ -52,7 +52,7 @@ use crate::{
     admission::{Admission, Hold, Ledger, StalenessBound, View},
     config::BufferConfig,
     eviction::{self, EvictReason},
-    group::{PendingGroup, ReadyGroup, SampledGroup, Slot},
+    group::{PendingGroup, ReadyGroup, SampledGroup, GroupEntry},
     lineage::{Lineage, ReportKind},
     metrics as m,
     rate_limit::RateLimiter,
@@ -182,7 +182,7 @@ struct Inner {
     /// so a push checked against an older lineage is checked again where it
     /// lands, under its group's shard lock.
     lineage_epoch: AtomicU64,
-    groups: DashMap<String, Slot>,
+    groups: DashMap<String, GroupEntry>,
     pending: AtomicU64,
     ready: Mutex<ReadyStore>,
     ledger: Mutex<Ledger>,
@@ -327,7 +327,7 @@ impl Buffer {
                     inner.log_rollout(&rollout);
                     let group = PendingGroup::new(rollout, Instant::now());
                     inner.bytes.fetch_add(group.bytes, Relaxed);
-                    let slot = v.insert(Slot::Pending(group));
+                    let slot = v.insert(GroupEntry::Pending(group));
                     inner.pending.fetch_add(1, Relaxed);
                     if inner.cfg.group_size == 1 {
                         inner.seal_into_ready(slot);
@@ -473,7 +473,7 @@ impl Buffer {
         let mut stale = Vec::new();
         let mut expired = Vec::new();
         for e in inner.groups.iter() {
-            if let Slot::Pending(p) = e.value() {
+            if let GroupEntry::Pending(p) = e.value() {
                 if eviction::is_stale(version, p.oldest_version, inner.cfg.max_staleness) {
                     stale.push(e.key().clone());
                 } else if now.duration_since(p.created) >= timeout {
@@ -488,7 +488,7 @@ impl Buffer {
             let Some(slot) = inner.groups.get_mut(&id) else {
                 continue;
             };
-            let Slot::Pending(p) = &*slot else { continue };
+            let GroupEntry::Pending(p) = &*slot else { continue };
             if p.members.len() >= inner.cfg.min_group_size as usize {
                 inner.seal_into_ready(slot);
             } else {
@@ -620,7 +620,7 @@ impl Inner {
         let rollout = r.as_ref().expect("caller passes a rollout");
         let mut slot = self.groups.get_mut(&rollout.group_id)?;
         match &mut *slot {
-            Slot::Sealed(ids) => {
+            GroupEntry::Sealed(ids) => {
                 if ids.contains(&rollout.id) {
                     Some(self.duplicate())
                 } else {
@@ -638,7 +638,7 @@ impl Inner {
                     Some(self.reject(rej))
                 }
             }
-            Slot::Pending(p) => {
+            GroupEntry::Pending(p) => {
                 if p.contains(&rollout.id) {
                     return Some(self.duplicate());
                 }
@@ -750,7 +750,7 @@ impl Inner {
             .groups
             .iter()
             .filter_map(|e| match e.value() {
-                Slot::Pending(p) if outside(&p.members) => Some(e.key().clone()),
+                GroupEntry::Pending(p) if outside(&p.members) => Some(e.key().clone()),
                 _ => None,
             })
             .collect();
@@ -828,7 +828,7 @@ impl Inner {
         };
         for id in excess {
             self.groups
-                .remove_if(&id, |_, s| matches!(s, Slot::Sealed(_)));
+                .remove_if(&id, |_, s| matches!(s, GroupEntry::Sealed(_)));
         }
     }
 
@@ -837,7 +837,7 @@ impl Inner {
     /// store, so it must never find a group sealed (a tombstone) but not
     /// yet ready: it would write the tombstone alone, and the `Ready`
     /// record that follows would find no members to seal on replay.
-    fn seal_into_ready(&self, mut slot: RefMut<'_, String, Slot>) {
+    fn seal_into_ready(&self, mut slot: RefMut<'_, String, GroupEntry>) {
         let Some(p) = slot.seal() else { return };
         self.pending.fetch_sub(1, Relaxed);
         let id = slot.key().clone();

@@ -269,21 +269,6 @@ mod tests {
 
         use super::super::*;
 
-        const ALGOS: &[&str] = &[
-            "bapo",
-            "ppo",
-            "grpo",
-            "dr-grpo",
-            "dapo",
-            "gspo",
-            "sapo",
-            "cispo",
-            "opmd",
-            "asymre",
-            "decoupled",
-            "tis",
-        ];
-
         fn args(algo: &str) -> LossArgs {
             LossArgs {
                 algo: algo.into(),
@@ -350,7 +335,7 @@ mod tests {
             #[test]
             fn every_loss_answers_any_batch_without_panicking(
                 text in batch(),
-                algo in prop::sample::select(ALGOS),
+                algo in prop::sample::select(registry::NAMES),
             ) {
                 if let Ok(doc) = evaluate(&args(algo), &text) {
                     prop_assert!(doc["loss"].is_number() || doc["loss"].is_null(), "{doc}");
