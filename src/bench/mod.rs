@@ -4,12 +4,13 @@
 //! the production binary): `cargo run --features bench -- bench ...`.
 //!
 //! Imports go one way: `buffer` uses `redis_streams`, both use `workload`
-//! and `latency`.
+//! and `latency`; `soak` uses the local run's supervisor.
 
 pub mod buffer;
 mod latency;
 pub mod model;
 mod redis_streams;
+pub mod soak;
 mod workload;
 
 use clap::Subcommand;
@@ -20,6 +21,9 @@ pub enum BenchCommand {
     Buffer(buffer::BufferBenchArgs),
     /// The policy's training step and cached generation, beside JAX.
     Model(model::ModelBenchArgs),
+    /// The whole loop at full speed for minutes, watching every process's
+    /// memory (not in CI).
+    Soak(soak::SoakArgs),
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -27,5 +31,6 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Buffer(args) => buffer::run(args).await,
         // Compute-bound and synchronous: off the async workers.
         BenchCommand::Model(args) => tokio::task::spawn_blocking(move || model::run(args)).await?,
+        BenchCommand::Soak(args) => soak::run(args).await,
     }
 }

@@ -5,11 +5,12 @@
 //! Imports go one way: `run` (the phases) uses `options`, `supervise` (the
 //! child processes), `tail` (following the learner's log), `summary` and
 //! `report`; `study` uses `run`. `summary` is a leaf; `report` reads it.
+//! `bench soak` (a feature) starts the services through `supervise` too.
 
 pub mod options;
 pub mod report;
 pub mod run;
 pub mod study;
 pub mod summary;
-mod supervise;
+pub mod supervise;
 mod tail;

@@ -181,6 +181,16 @@ impl Children {
         )
     }
 
+    /// Each running service's name and process id, in start order (the
+    /// soak benchmark samples their memory).
+    #[cfg(feature = "bench")]
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.procs
+            .iter()
+            .filter_map(|p| Some((p.name.clone(), p.child.id()?)))
+            .collect()
+    }
+
     /// Actors first (they push to the buffer), then the learner (if it is
     /// still up after an interrupt), then the buffer.
     pub async fn stop(mut self) {
