@@ -16,7 +16,7 @@ use super::Inner;
 use crate::{
     admission::Ledger,
     eviction::EvictReason,
-    group::{PendingGroup, ReadyGroup, GroupEntry},
+    group::{GroupEntry, PendingGroup, ReadyGroup},
     lineage::Lineage,
     wal::{Snapshot, SnapshotRefused},
     wire,

@@ -52,7 +52,7 @@ use crate::{
     admission::{Admission, Hold, Ledger, StalenessBound, View},
     config::BufferConfig,
     eviction::{self, EvictReason},
-    group::{PendingGroup, ReadyGroup, SampledGroup, GroupEntry},
+    group::{GroupEntry, PendingGroup, ReadyGroup, SampledGroup},
     lineage::{Lineage, ReportKind},
     metrics as m,
     rate_limit::RateLimiter,
@@ -488,7 +488,9 @@ impl Buffer {
             let Some(slot) = inner.groups.get_mut(&id) else {
                 continue;
             };
-            let GroupEntry::Pending(p) = &*slot else { continue };
+            let GroupEntry::Pending(p) = &*slot else {
+                continue;
+            };
             if p.members.len() >= inner.cfg.min_group_size as usize {
                 inner.seal_into_ready(slot);
             } else {
