@@ -27,6 +27,8 @@ use bapo_policy::ModelSpec;
 use bapo_tasks::TaskSpec;
 use serde::{Deserialize, Serialize};
 
+use crate::security::TlsConfig;
+
 /// The built-in configuration of `bapo run`.
 pub const TINY_ARITH: &str = include_str!("../configs/tiny-arith.toml");
 
@@ -67,6 +69,8 @@ pub struct ConfigFile {
     pub task: TaskSpec,
     pub sft: SftConfig,
     pub run: RunConfig,
+    /// Mutual TLS of the service commands (`crate::security`).
+    pub tls: TlsConfig,
 }
 
 impl ConfigFile {

@@ -5,6 +5,7 @@ mod bench;
 mod commands;
 mod config_file;
 mod local;
+mod security;
 mod telemetry;
 
 use clap::{Parser, Subcommand};
@@ -62,6 +63,8 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     // Before any worker thread exists, so all of them inherit it.
     bapo_policy::denormals::flush_denormals_to_zero();
+    // ring as the one rustls provider, before anything touches TLS.
+    bapo_proto::tls::install_default_provider();
     match Cli::parse().command {
         // A pure computation: no runtime, and stdout holds only its JSON.
         Command::Loss(args) => commands::loss::run(args),

@@ -117,6 +117,7 @@ fn run_actor(
             learner,
             actor_id: "trap".into(),
             device: Device::flex(),
+            tls: None,
         },
         std::future::pending(),
     ))

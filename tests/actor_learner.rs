@@ -83,6 +83,7 @@ fn start_actor(
             learner,
             actor_id: "test-actor".into(),
             device: Device::flex(),
+            tls: None,
         },
         async {
             let _ = rx.await;
@@ -118,6 +119,7 @@ async fn learner_advances_and_the_actor_follows_its_weights() {
         hub.clone(),
         RunOptions {
             buffer: buffer_url.clone(),
+            tls: None,
             out: out.path().to_path_buf(),
             provenance: Default::default(),
             eval: None,
@@ -178,6 +180,7 @@ async fn learner_advances_and_the_actor_follows_its_weights() {
     let (_stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(subscription::follow(
         learner_url,
+        None,
         "late".into(),
         Device::flex(),
         cell_tx,
@@ -218,6 +221,7 @@ async fn slow_subscribers_skip_to_the_newest_and_corrupt_weights_are_refused() {
     let (_s, stop_rx) = watch::channel(false);
     tokio::spawn(subscription::follow(
         url,
+        None,
         "late".into(),
         Device::flex(),
         cell_tx,

@@ -19,12 +19,14 @@ use std::{
 
 use anyhow::Context;
 use bapo_policy::{burn::prelude::*, tokenizer::TextTokenizer};
-use bapo_proto::v1::rollout_sink_client::RolloutSinkClient;
+use bapo_proto::{
+    tls::{self, ClientTls},
+    v1::rollout_sink_client::RolloutSinkClient,
+};
 use bapo_tasks::Task;
 use metrics::{counter, gauge, histogram};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use tokio::sync::watch;
-use tonic::transport::Endpoint;
 
 use crate::{
     ActorConfig, metrics as names,
@@ -38,6 +40,8 @@ pub struct ActorOptions {
     pub learner: String,
     pub actor_id: String,
     pub device: Device,
+    /// Mutual TLS to the buffer and the learner; `None`: plaintext.
+    pub tls: Option<ClientTls>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -65,10 +69,8 @@ pub async fn run(
         "none of the stop tokens {:?} is in the tokenizer",
         cfg.stop
     );
-    let channel = Endpoint::from_shared(opts.buffer.clone())
+    let channel = tls::endpoint(&opts.buffer, opts.tls.as_ref())
         .with_context(|| format!("buffer address {:?}", opts.buffer))?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
         .connect_lazy();
     let client = RolloutSinkClient::new(channel);
 
@@ -77,6 +79,7 @@ pub async fn run(
     let (cell_tx, cell_rx) = watch::channel(None);
     let follower = tokio::spawn(subscription::follow(
         opts.learner.clone(),
+        opts.tls.clone(),
         opts.actor_id.clone(),
         opts.device.clone(),
         cell_tx,

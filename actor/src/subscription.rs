@@ -16,12 +16,15 @@ use bapo_policy::{
     model::Transformer,
     weights::{self, WeightsHeader},
 };
-use bapo_proto::v1::{
-    SubscribeRequest, WeightUpdate, weight_message::Kind, weight_source_client::WeightSourceClient,
+use bapo_proto::{
+    tls::{self, ClientTls},
+    v1::{
+        SubscribeRequest, WeightUpdate, weight_message::Kind,
+        weight_source_client::WeightSourceClient,
+    },
 };
 use metrics::{counter, gauge, histogram};
 use tokio::sync::watch;
-use tonic::transport::Endpoint;
 
 use crate::{backoff::Backoff, metrics as names};
 
@@ -115,9 +118,11 @@ impl Assembly {
 }
 
 /// Follows the learner at `url` until `stop` fires, publishing each loaded
-/// version into `cell`.
+/// version into `cell`. With `tls`, the certificate files are read again
+/// at every reconnection (a rotated certificate is used from then on).
 pub async fn follow(
     url: String,
+    tls: Option<ClientTls>,
     actor_id: String,
     device: Device,
     cell: watch::Sender<Option<Arc<Versioned>>>,
@@ -132,7 +137,7 @@ pub async fn follow(
             .as_ref()
             .map_or((0, 0), |v| (v.version, v.incarnation));
         let result = tokio::select! {
-            r = stream_once(&url, &actor_id, have, &device, &cell, &mut backoff) => r,
+            r = stream_once(&url, tls.as_ref(), &actor_id, have, &device, &cell, &mut backoff) => r,
             _ = stop.wait_for(|s| *s) => return,
         };
         if let Err(e) = result {
@@ -148,17 +153,14 @@ pub async fn follow(
 
 async fn stream_once(
     url: &str,
+    tls: Option<&ClientTls>,
     actor_id: &str,
     have: (u64, u64),
     device: &Device,
     cell: &watch::Sender<Option<Arc<Versioned>>>,
     backoff: &mut Backoff,
 ) -> anyhow::Result<()> {
-    let channel = Endpoint::from_shared(url.to_string())?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .connect()
-        .await?;
+    let channel = tls::endpoint(url, tls)?.connect().await?;
     let mut client = WeightSourceClient::new(channel).max_decoding_message_size(64 << 20);
     let mut stream = client
         .subscribe(SubscribeRequest {

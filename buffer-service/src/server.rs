@@ -4,7 +4,9 @@
 use std::{future::Future, time::Duration};
 
 use bapo_proto::{
-    FILE_DESCRIPTOR_SET, transport,
+    FILE_DESCRIPTOR_SET,
+    tls::ServerSecurity,
+    transport,
     v1::{batch_source_server::BatchSourceServer, rollout_sink_server::RolloutSinkServer},
 };
 use tokio::net::TcpListener;
@@ -17,12 +19,25 @@ use crate::{
 /// How long in-flight streams get to finish after the shutdown signal.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Serves `buffer` on `listener` until `shutdown` resolves, then stops
-/// accepting, releases held pushes with UNAVAILABLE, lets in-flight calls
-/// finish (up to [`SHUTDOWN_GRACE`]) and flushes the log.
+/// Serves `buffer` in plaintext on `listener` until `shutdown` resolves;
+/// see [`serve_with`].
 pub async fn serve(
     buffer: Buffer,
     listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    serve_with(buffer, listener, ServerSecurity::Plaintext, shutdown).await
+}
+
+/// Serves `buffer` on `listener` with `security` (plaintext, or mutual TLS
+/// with per-role authorization: see `bapo_proto::tls`) until `shutdown`
+/// resolves, then stops accepting, releases held pushes with UNAVAILABLE,
+/// lets in-flight calls finish (up to [`SHUTDOWN_GRACE`]) and flushes the
+/// log.
+pub async fn serve_with(
+    buffer: Buffer,
+    listener: TcpListener,
+    security: ServerSecurity,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -52,14 +67,14 @@ pub async fn serve(
         .max_encoding_message_size(usize::MAX);
     let maintenance = buffer.spawn_maintenance();
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, "buffer serving");
+    tracing::info!(%addr, tls = security.tls().is_some(), "buffer serving");
 
     // Shared limits: silent or garbage connections cannot crowd out the
     // actors and the learner (bapo_proto::transport says what each one
     // defends against).
-    let incoming = transport::guarded(listener, transport::Guard::default());
+    let incoming = transport::guarded_with(listener, transport::Guard::default(), &security);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = transport::server()
+    let server = transport::secured_server(&security)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(sink)

@@ -45,13 +45,19 @@ impl RolloutSink for RolloutSinkService {
         &self,
         req: Request<Streaming<v1::Rollout>>,
     ) -> Result<Response<PushAck>, Status> {
+        // Under mutual TLS the sender is who its certificate says, whatever
+        // the rollouts declare: each one records the verified identity.
+        let verified = bapo_proto::tls::peer(&req).map(|p| p.id.clone());
         let mut stream = req.into_inner();
         let mut ack = PushAck::default();
         let mut start = None;
         // A transport error ends the stream; what was accepted before it
         // stays accepted, and a re-sent stream is deduplicated.
-        while let Some(msg) = stream.message().await? {
+        while let Some(mut msg) = stream.message().await? {
             start.get_or_insert_with(Instant::now);
+            if let Some(id) = &verified {
+                msg.actor_id.clone_from(id);
+            }
             let len = msg.encoded_len();
             let outcome = match wire::rollout_from_wire(msg) {
                 Ok(r) => self.buffer.push(r, len).await?,

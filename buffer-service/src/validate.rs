@@ -49,14 +49,76 @@ impl Rejection {
         label: &'static str,
         reason: String,
     ) -> Self {
+        // Echoed ids are cut short: a refusal must not carry (or log) the
+        // megabyte an abusive id may be.
+        let (rollout_id, group_id) = (shorten(rollout_id), shorten(group_id));
         Self {
-            rollout_id: rollout_id.to_string(),
-            group_id: group_id.to_string(),
+            reason: format!("rollout {rollout_id:?} (group {group_id:?}): {reason}"),
+            rollout_id,
+            group_id,
             code,
             label,
-            reason: format!("rollout {rollout_id:?} (group {group_id:?}): {reason}"),
         }
     }
+}
+
+/// Longest id (rollout, group, actor) accepted, in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+/// Longest task name accepted, in bytes.
+pub const MAX_TASK_BYTES: usize = 128;
+/// Most metadata entries per rollout, and longest key and value in bytes.
+pub const MAX_METADATA_ENTRIES: usize = 64;
+pub const MAX_METADATA_KEY_BYTES: usize = 128;
+pub const MAX_METADATA_VALUE_BYTES: usize = 4096;
+
+/// `s`, or its first [`MAX_ID_BYTES`] bytes (on a character boundary) and
+/// how long it was.
+fn shorten(s: &str) -> String {
+    if s.len() <= MAX_ID_BYTES {
+        return s.to_string();
+    }
+    let mut end = MAX_ID_BYTES;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &s[..end], s.len())
+}
+
+/// The first string field of `r` over its length bound, named.
+fn overlong(r: &Rollout) -> Option<String> {
+    let fields = [
+        ("rollout_id", r.id.len(), MAX_ID_BYTES),
+        ("group_id", r.group_id.len(), MAX_ID_BYTES),
+        ("actor_id", r.actor_id.len(), MAX_ID_BYTES),
+        ("task", r.task.len(), MAX_TASK_BYTES),
+    ];
+    for (name, len, max) in fields {
+        if len > max {
+            return Some(format!("{name} is {len} bytes, over the limit of {max}"));
+        }
+    }
+    if r.metadata.len() > MAX_METADATA_ENTRIES {
+        return Some(format!(
+            "metadata has {} entries, over the limit of {MAX_METADATA_ENTRIES}",
+            r.metadata.len()
+        ));
+    }
+    r.metadata.iter().find_map(|(k, v)| {
+        if k.len() > MAX_METADATA_KEY_BYTES {
+            Some(format!(
+                "a metadata key is {} bytes, over the limit of {MAX_METADATA_KEY_BYTES}",
+                k.len()
+            ))
+        } else if v.len() > MAX_METADATA_VALUE_BYTES {
+            Some(format!(
+                "metadata {:?} is {} bytes, over the limit of {MAX_METADATA_VALUE_BYTES}",
+                shorten(k),
+                v.len()
+            ))
+        } else {
+            None
+        }
+    })
 }
 
 /// Limits a rollout is checked against.
@@ -82,6 +144,9 @@ pub fn check(r: &Rollout, encoded_len: usize, limits: Limits) -> Result<(), Reje
                 limits.max_rollout_bytes
             ),
         );
+    }
+    if let Some(reason) = overlong(r) {
+        return reject(InvalidArgument, "too_long", reason);
     }
     if r.id.is_empty() {
         return reject(InvalidArgument, "missing_id", "rollout_id is empty".into());
@@ -257,6 +322,48 @@ mod tests {
 
     fn label(r: &Rollout, len: usize) -> &'static str {
         check(r, len, LIMITS).unwrap_err().label
+    }
+
+    #[test]
+    fn overlong_ids_names_and_metadata_are_refused_by_name_and_not_echoed() {
+        let limits = Limits {
+            max_rollout_bytes: 8 << 20,
+            ..LIMITS
+        };
+        let mut r = rollout();
+        r.id = "x".repeat(1 << 20);
+        let e = check(&r, r.id.len() + 100, limits).unwrap_err();
+        assert_eq!(e.label, "too_long");
+        assert!(
+            e.reason.contains("rollout_id is 1048576 bytes"),
+            "{}",
+            e.reason
+        );
+        assert!(e.reason.len() < 1024 && e.rollout_id.len() < 1024);
+        let mut r = rollout();
+        r.task = "t".repeat(MAX_TASK_BYTES + 1);
+        assert!(
+            check(&r, 100, limits)
+                .unwrap_err()
+                .reason
+                .contains("task is")
+        );
+        let mut r = rollout();
+        r.group_id = "g".repeat(MAX_ID_BYTES + 1);
+        assert!(
+            check(&r, 100, limits)
+                .unwrap_err()
+                .reason
+                .contains("group_id is")
+        );
+        let mut r = rollout();
+        r.metadata
+            .insert("k".into(), "v".repeat(MAX_METADATA_VALUE_BYTES + 1));
+        assert_eq!(check(&r, 100, limits).unwrap_err().label, "too_long");
+        let mut r = rollout();
+        r.id = "é".repeat(MAX_ID_BYTES);
+        let e = check(&r, 1000, limits).unwrap_err();
+        assert!(e.rollout_id.ends_with("bytes)"), "{}", e.rollout_id);
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub type EvalFn = Arc<dyn Fn(&Policy) -> Vec<(String, f64)> + Send + Sync>;
 pub struct RunOptions {
     /// Buffer service address, `http://host:port`.
     pub buffer: String,
+    /// Mutual TLS to the buffer (the learner's certificate); `None`:
+    /// plaintext.
+    pub tls: Option<bapo_proto::tls::ClientTls>,
     /// Run directory: `checkpoints/`, `metrics.jsonl`, `final/`.
     pub out: PathBuf,
     /// What the trainer's weights descend from: the resumed checkpoint's
@@ -170,10 +173,8 @@ struct Session<'o> {
 
 impl<'o> Session<'o> {
     fn open(trainer: &Trainer, hub: WeightHub, opts: &'o RunOptions) -> anyhow::Result<Self> {
-        let channel = tonic::transport::Endpoint::from_shared(opts.buffer.clone())
+        let channel = bapo_proto::tls::endpoint(&opts.buffer, opts.tls.as_ref())
             .with_context(|| format!("buffer address {:?}", opts.buffer))?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
             .connect_lazy();
         let client = BatchSourceClient::new(channel).max_decoding_message_size(usize::MAX);
         std::fs::create_dir_all(&opts.out)

@@ -4,7 +4,9 @@
 use std::{future::Future, pin::Pin};
 
 use bapo_proto::{
-    FILE_DESCRIPTOR_SET, transport,
+    FILE_DESCRIPTOR_SET,
+    tls::{self, ServerSecurity},
+    transport,
     v1::{
         SubscribeRequest, WeightMessage, WeightUpdate,
         weight_message::Kind,
@@ -94,6 +96,8 @@ impl WeightSource for WeightSourceService {
         &self,
         request: Request<SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
+        // The certificate's identity when there is one, not the declared id.
+        let verified = tls::peer(&request).map(|p| p.id.clone());
         let req = request.into_inner();
         let mut held = Held::from_request(&req);
         let mut rx = self.hub.subscribe();
@@ -104,7 +108,7 @@ impl WeightSource for WeightSourceService {
         // A few messages of slack; beyond that the stream task waits for
         // this subscriber alone.
         let (tx, out) = mpsc::channel(4);
-        let actor = req.actor_id;
+        let actor = verified.unwrap_or(req.actor_id);
         tokio::spawn(async move {
             let _counted = Subscribed::new();
             tracing::info!(%actor, ?held, "weight subscriber connected");
@@ -156,10 +160,23 @@ async fn send(tx: &Sink, p: &Published) -> bool {
     true
 }
 
-/// Serves the weight stream on `listener` until `shutdown` resolves.
+/// Serves the weight stream in plaintext on `listener` until `shutdown`
+/// resolves.
 pub async fn serve(
     hub: WeightHub,
     listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    serve_with(hub, listener, ServerSecurity::Plaintext, shutdown).await
+}
+
+/// Serves the weight stream on `listener` with `security` (plaintext, or
+/// mutual TLS where only actors may subscribe: see `bapo_proto::tls`)
+/// until `shutdown` resolves.
+pub async fn serve_with(
+    hub: WeightHub,
+    listener: TcpListener,
+    security: ServerSecurity,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -175,8 +192,8 @@ pub async fn serve(
         .build_v1()?;
     // Shared limits: silent or garbage connections cannot crowd out the
     // actors (bapo_proto::transport says what each one defends against).
-    let incoming = transport::guarded(listener, transport::Guard::default());
-    transport::server()
+    let incoming = transport::guarded_with(listener, transport::Guard::default(), &security);
+    transport::secured_server(&security)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(WeightSourceServer::new(WeightSourceService::new(hub)))

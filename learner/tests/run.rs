@@ -169,6 +169,7 @@ async fn run(
     let trainer = Trainer::new(cfg, tiny_policy(41), 2).unwrap();
     let opts = RunOptions {
         buffer: buffer.serve().await,
+        tls: None,
         out: out.to_path_buf(),
         provenance: resumed(),
         eval: None,

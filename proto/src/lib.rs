@@ -1,10 +1,12 @@
 //! Wire types of bapo, generated from `bapo.proto` (package `bapo.v1`) and the
 //! buffer's log records (`wal.proto`), plus [`packed`], the encoding of the
 //! per-token arrays, and [`transport`], the connection settings and guard
-//! every bapo server shares. Services and cores live in the crates that own
-//! them.
+//! every bapo server shares, and [`tls`], mutual TLS with per-role
+//! authorization for servers and clients. Services and cores live in the
+//! crates that own them.
 
 pub mod packed;
+pub mod tls;
 pub mod transport;
 
 /// Generated code, nested as the protobuf packages are (`bapo.wal.v1`

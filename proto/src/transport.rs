@@ -20,6 +20,11 @@
 //!
 //! There is no per-call deadline: a held push (backpressure) and a weight
 //! subscription are meant to last.
+//!
+//! With mutual TLS ([`crate::tls`]) the TLS handshake happens here too,
+//! inside the handshake timeout: a client without a certificate from the
+//! server's CA never reaches HTTP/2. The authenticated [`Peer`] travels
+//! with the connection ([`ConnInfo`]) to the authorization layer.
 
 use std::{
     io,
@@ -39,6 +44,9 @@ use tonic::transport::{
     Server,
     server::{Connected, TcpConnectInfo},
 };
+use tower_layer::{Identity, Stack};
+
+use crate::tls::{AuthLayer, Peer, ServerSecurity, ServerTls};
 
 /// HTTP/2 flow-control windows, for servers and for clients of them: h2's
 /// 64 KiB default stalls a stream after eight 8 KiB rollouts until the
@@ -66,6 +74,12 @@ pub fn server() -> Server {
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
 }
 
+/// A server builder with the shared settings and the authorization of
+/// `security` ([`crate::tls::AuthLayer`]).
+pub fn secured_server(security: &ServerSecurity) -> Server<Stack<AuthLayer, Identity>> {
+    server().layer(AuthLayer::new(security))
+}
+
 /// Limits of [`guarded`]; the defaults are the constants above.
 #[derive(Debug, Clone, Copy)]
 pub struct Guard {
@@ -91,9 +105,24 @@ pub fn guarded(
     listener: TcpListener,
     guard: Guard,
 ) -> ReceiverStream<io::Result<GuardedConnection>> {
+    guarded_with(listener, guard, &ServerSecurity::Plaintext)
+}
+
+/// [`guarded`], and with mutual TLS the TLS handshake (within the same
+/// handshake timeout). The accept loop also reloads the certificate files
+/// and the blocklist every [`crate::tls::RELOAD_INTERVAL`].
+pub fn guarded_with(
+    listener: TcpListener,
+    guard: Guard,
+    security: &ServerSecurity,
+) -> ReceiverStream<io::Result<GuardedConnection>> {
     let (tx, rx) = mpsc::channel(64);
     let budget = Arc::new(Semaphore::new(guard.max_connections));
+    let tls = security.tls().cloned();
     tokio::spawn(async move {
+        let mut reload = tokio::time::interval(crate::tls::RELOAD_INTERVAL);
+        reload.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        reload.tick().await;
         loop {
             let stream = tokio::select! {
                 accepted = listener.accept() => match accepted {
@@ -105,14 +134,23 @@ pub fn guarded(
                         continue;
                     }
                 },
+                _ = reload.tick(), if tls.is_some() => {
+                    if let Some(t) = &tls
+                        && let Err(e) = t.reload()
+                    {
+                        tracing::warn!("TLS files not reloaded ({e}); keeping the current ones");
+                    }
+                    continue;
+                }
                 () = tx.closed() => return,
             };
             let Ok(permit) = budget.clone().try_acquire_owned() else {
                 continue; // over budget: dropped, so closed
             };
             let tx = tx.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
-                if let Some(c) = admit(stream, permit, guard.handshake_timeout).await {
+                if let Some(c) = admit(stream, permit, guard.handshake_timeout, tls).await {
                     let _ = tx.send(Ok(c)).await;
                 }
             });
@@ -121,37 +159,94 @@ pub fn guarded(
     ReceiverStream::new(rx)
 }
 
-/// Waits for the first byte of a connection; `None` closes it.
+/// Waits for the first byte of a connection (and, with TLS, for its
+/// handshake); `None` closes it.
 async fn admit(
     stream: TcpStream,
     permit: OwnedSemaphorePermit,
     timeout: Duration,
+    tls: Option<Arc<ServerTls>>,
 ) -> Option<GuardedConnection> {
+    let deadline = tokio::time::Instant::now() + timeout;
     let mut first = [0u8; 1];
-    match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
+    match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
         Ok(Ok(n)) if n > 0 => {}
         _ => return None,
     }
     stream.set_nodelay(true).ok()?;
+    let tcp = stream.connect_info();
+    let Some(tls) = tls else {
+        return Some(GuardedConnection {
+            io: Io::Plain(stream),
+            info: ConnInfo { tcp, peer: None },
+            _permit: permit,
+        });
+    };
+    let remote = tcp.remote_addr();
+    let conn = match tokio::time::timeout_at(deadline, tls.acceptor().accept(stream)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::warn!(peer = ?remote, "TLS handshake refused: {e}");
+            return None;
+        }
+        Err(_) => return None,
+    };
+    let peer = conn
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| Arc::new(Peer::from_cert(c)));
     Some(GuardedConnection {
-        stream,
+        io: Io::Tls(Box::new(conn)),
+        info: ConnInfo { tcp, peer },
         _permit: permit,
     })
+}
+
+/// What a server knows of a connection: its addresses and, with mutual
+/// TLS, the peer its certificate names. In every request's extensions.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub tcp: TcpConnectInfo,
+    pub peer: Option<Arc<Peer>>,
+}
+
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
 /// A served connection; it holds its place in the connection budget until
 /// it closes.
 pub struct GuardedConnection {
-    stream: TcpStream,
+    io: Io,
+    info: ConnInfo,
     _permit: OwnedSemaphorePermit,
 }
 
 impl Connected for GuardedConnection {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = ConnInfo;
 
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
     }
+}
+
+/// Dispatches an I/O call to the plain or the TLS stream.
+macro_rules! io {
+    ($self:ident, $s:ident => $e:expr) => {
+        match &mut $self.io {
+            Io::Plain($s) => {
+                let $s = Pin::new($s);
+                $e
+            }
+            Io::Tls($s) => {
+                let $s = Pin::new(&mut **$s);
+                $e
+            }
+        }
+    };
 }
 
 impl AsyncRead for GuardedConnection {
@@ -160,7 +255,7 @@ impl AsyncRead for GuardedConnection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        io!(self, s => s.poll_read(cx, buf))
     }
 }
 
@@ -170,15 +265,15 @@ impl AsyncWrite for GuardedConnection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        io!(self, s => s.poll_write(cx, buf))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        io!(self, s => s.poll_flush(cx))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+        io!(self, s => s.poll_shutdown(cx))
     }
 
     fn poll_write_vectored(
@@ -186,10 +281,13 @@ impl AsyncWrite for GuardedConnection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        io!(self, s => s.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        match &self.io {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
     }
 }

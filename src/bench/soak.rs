@@ -11,10 +11,13 @@ use std::{
 };
 
 use anyhow::Context;
-use bapo_proto::v1::{Stats, StatsRequest, batch_source_client::BatchSourceClient};
+use bapo_proto::v1::Stats;
 use clap::Args;
 
-use crate::local::supervise::Children;
+use crate::local::{
+    supervise::{Children, Services},
+    tail::buffer_stats,
+};
 
 #[derive(Debug, Args)]
 pub struct SoakArgs {
@@ -85,11 +88,6 @@ fn rss_mib(pid: u32) -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-async fn buffer_stats(url: &str) -> Option<Stats> {
-    let mut c = BatchSourceClient::connect(url.to_string()).await.ok()?;
-    Some(c.get_stats(StatsRequest {}).await.ok()?.into_inner())
-}
-
 pub async fn run(args: SoakArgs) -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
     let out = args.out.clone().unwrap_or_else(|| tmp.path().to_path_buf());
@@ -103,7 +101,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<()> {
         args.actors,
     )?;
     let names: Vec<String> = children.pids().into_iter().map(|(n, _)| n).collect();
-    let samples = sample(&args, &mut children, &services.buffer).await;
+    let samples = sample(&args, &mut children, &services).await;
     children.stop().await;
     let samples = samples?;
     write_csv(&out.join("samples.csv"), &names, &samples)?;
@@ -117,7 +115,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<()> {
 async fn sample(
     args: &SoakArgs,
     children: &mut Children,
-    buffer: &str,
+    services: &Services,
 ) -> anyhow::Result<Vec<Sample>> {
     let start = Instant::now();
     let end = Duration::from_secs_f64(args.minutes * 60.0);
@@ -133,7 +131,7 @@ async fn sample(
         samples.push(Sample {
             t: start.elapsed().as_secs_f64(),
             rss,
-            stats: buffer_stats(buffer).await,
+            stats: buffer_stats(services).await,
         });
         let last = samples.last().context("a sample")?;
         eprintln!(

@@ -6,7 +6,7 @@ use bapo_actor::{ActorOptions, UpdateMode};
 use clap::Args;
 
 use super::common;
-use crate::{config_file::ConfigFile, telemetry};
+use crate::{config_file::ConfigFile, security::TlsArgs, telemetry};
 
 #[derive(Debug, Args, Default)]
 pub struct ActorArgs {
@@ -29,6 +29,8 @@ pub struct ActorArgs {
     /// Tokenizer (default: from `[model]`).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 pub async fn run(args: ActorArgs) -> anyhow::Result<()> {
@@ -45,6 +47,10 @@ pub async fn run(args: ActorArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         telemetry::serve_metrics(addr)?;
     }
+    let security = args.tls.resolve(&cfg.tls)?;
+    // One client setting for both services: a non-loopback one needs TLS.
+    let tls = security.client(&args.buffer)?;
+    security.client(&args.learner)?;
     let tokenizer = Arc::new(cfg.model.tokenizer()?);
     let task = common::task(&cfg.task)?;
     let actor_id = args.actor_id.clone().unwrap_or_else(|| {
@@ -60,6 +66,7 @@ pub async fn run(args: ActorArgs) -> anyhow::Result<()> {
             learner: args.learner,
             actor_id,
             device: common::device(),
+            tls,
         },
         telemetry::shutdown_signal(),
     )

@@ -9,7 +9,7 @@ use bapo_buffer::{
 };
 use clap::{Args, ValueEnum};
 
-use crate::{config_file::ConfigFile, telemetry};
+use crate::{config_file::ConfigFile, security::TlsArgs, telemetry};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Sampling {
@@ -78,6 +78,8 @@ pub struct BufferArgs {
     pub max_tokens: Option<usize>,
     #[arg(long)]
     pub max_rollout_bytes: Option<usize>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 impl BufferArgs {
@@ -137,12 +139,14 @@ pub async fn run(args: BufferArgs) -> anyhow::Result<()> {
     if let Some(addr) = cfg.metrics_listen {
         telemetry::serve_metrics(addr)?;
     }
+    let file = ConfigFile::load(args.config.as_deref())?;
+    let security = args.tls.resolve(&file.tls)?.server(cfg.listen)?;
     bapo_buffer::metrics::describe();
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("binding the buffer's gRPC address {}", cfg.listen))?;
     let buffer = Buffer::open(cfg).context("opening the buffer")?;
-    bapo_buffer::server::serve(buffer, listener, telemetry::shutdown_signal()).await
+    bapo_buffer::server::serve_with(buffer, listener, security, telemetry::shutdown_signal()).await
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use clap::Args;
 use tokio::sync::watch;
 
 use super::common;
-use crate::{config_file::ConfigFile, telemetry};
+use crate::{config_file::ConfigFile, security::TlsArgs, telemetry};
 
 #[derive(Debug, Args)]
 pub struct LearnerArgs {
@@ -47,6 +47,8 @@ pub struct LearnerArgs {
     /// Export the final weights in HF format to --out/final.
     #[arg(long)]
     pub export_final: bool,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
@@ -64,6 +66,10 @@ pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_listen {
         telemetry::serve_metrics(addr)?;
     }
+    // One certificate both ways: served to actors, presented to the buffer.
+    let security = args.tls.resolve(&cfg.tls)?;
+    let server_security = security.server(args.listen)?;
+    let buffer_tls = security.client(&args.buffer)?;
     let device = common::device();
     let (policy, tokenizer) = cfg.model.load(&device)?;
     let (trainer, provenance) = start_trainer(&args, &cfg, policy, &device)?;
@@ -78,14 +84,20 @@ pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding the learner's gRPC address {}", args.listen))?;
     let (stop_tx, mut stop_rx) = watch::channel(false);
-    let server = tokio::spawn(server::serve(hub.clone(), listener, async move {
-        let _ = stop_rx.wait_for(|s| *s).await;
-    }));
+    let server = tokio::spawn(server::serve_with(
+        hub.clone(),
+        listener,
+        server_security,
+        async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        },
+    ));
     let summary = bapo_learner::run::run(
         trainer,
         hub.clone(),
         RunOptions {
             buffer: args.buffer.clone(),
+            tls: buffer_tls,
             out: args.out.clone(),
             provenance,
             eval,

@@ -13,4 +13,4 @@ pub mod run;
 pub mod study;
 pub mod summary;
 pub mod supervise;
-mod tail;
+pub mod tail;

@@ -62,14 +62,14 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<LocalRunSummary> {
     let metrics = out.join("metrics.jsonl");
     let mut seen = tail::follow(
         &mut children,
-        &services.buffer,
+        &services,
         &metrics,
         cfg.learner.steps,
         opts.quiet,
     )
     .await?;
     let rl_seconds = t_rl.elapsed().as_secs_f64();
-    if let Some(s) = tail::buffer_books(&services.buffer).await {
+    if let Some(s) = tail::buffer_books(&services).await {
         seen.buffer = Some(s);
     }
     children.stop().await;

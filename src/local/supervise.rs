@@ -1,6 +1,12 @@
 //! The services of a local run as child processes of this binary: started
 //! on free loopback ports with their logs in the run directory, watched
 //! while the learner trains, and stopped in order.
+//!
+//! They talk mutual TLS, as in a cluster: each run makes an ephemeral CA
+//! (its key never leaves this process) and a certificate per service in
+//! `<run>/tls/`: `spiffe://bapo.local/buffer` (no role: it only serves),
+//! `.../learner`, `.../actor/actor-<i>` and `.../admin` (this process's
+//! stats reads).
 
 use std::{
     collections::BTreeMap,
@@ -11,6 +17,10 @@ use std::{
 };
 
 use anyhow::{Context, bail};
+use bapo_proto::tls::{
+    ClientTls, TlsFiles,
+    pki::{self, Ca},
+};
 use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 
@@ -21,6 +31,49 @@ pub struct Services {
     pub learner: String,
     /// Service name → its Prometheus endpoint.
     pub metrics: BTreeMap<String, String>,
+    /// The admin certificate this process reads the buffer's stats with.
+    #[serde(skip)]
+    pub admin: Option<ClientTls>,
+}
+
+/// The trust domain of `bapo run`'s ephemeral CA.
+pub const TRUST_DOMAIN: &str = "bapo.local";
+
+/// Makes the run's CA and one certificate per service in `dir`.
+struct RunPki {
+    ca: Ca,
+    dir: PathBuf,
+}
+
+impl RunPki {
+    fn new(dir: PathBuf) -> anyhow::Result<Self> {
+        Ok(Self {
+            ca: Ca::new(TRUST_DOMAIN)?,
+            dir,
+        })
+    }
+
+    /// A certificate for `spiffe://bapo.local/<path>`, valid as a server
+    /// on loopback too; written as `<name>.pem` and `<name>.key`.
+    fn issue(&self, name: &str, path: &str) -> anyhow::Result<TlsFiles> {
+        let opts = pki::Options {
+            hosts: vec!["localhost".into(), "127.0.0.1".into()],
+            valid: None,
+        };
+        let issued = self.ca.issue(path, &opts)?;
+        Ok(self.ca.write(&self.dir, name, &issued)?)
+    }
+}
+
+fn tls_args(files: &TlsFiles) -> Vec<String> {
+    vec![
+        "--tls-cert".into(),
+        files.cert.display().to_string(),
+        "--tls-key".into(),
+        files.key.display().to_string(),
+        "--tls-ca".into(),
+        files.ca.display().to_string(),
+    ]
 }
 
 struct Proc {
@@ -85,7 +138,8 @@ async fn terminate(procs: &mut [Proc], grace: Duration) {
 
 impl Children {
     /// Starts the buffer, the learner (writing into `out`) and `actors`
-    /// actors, all reading the config file at `config`; logs go to `logs`.
+    /// actors, all reading the config file at `config` and talking mutual
+    /// TLS with certificates in `tls/` beside `logs`; logs go to `logs`.
     pub fn start(
         config: &Path,
         out: &Path,
@@ -94,10 +148,15 @@ impl Children {
     ) -> anyhow::Result<(Services, Self)> {
         let buffer_addr = free_addr()?;
         let learner_addr = free_addr()?;
+        let pki = RunPki::new(logs.parent().unwrap_or(logs).join("tls"))?;
         let mut services = Services {
-            buffer: format!("http://{buffer_addr}"),
-            learner: format!("http://{learner_addr}"),
+            buffer: format!("https://{buffer_addr}"),
+            learner: format!("https://{learner_addr}"),
             metrics: BTreeMap::new(),
+            admin: Some(ClientTls {
+                files: pki.issue("admin", "admin")?,
+                server_name: None,
+            }),
         };
         let mut children = Self {
             procs: Vec::new(),
@@ -112,6 +171,7 @@ impl Children {
         };
         let mut buffer = common("buffer");
         buffer.extend(["--listen".into(), buffer_addr.to_string()]);
+        buffer.extend(tls_args(&pki.issue("buffer", "buffer")?));
         children.add("buffer", buffer, &mut services)?;
         let mut learner = common("learner");
         learner.extend([
@@ -123,6 +183,7 @@ impl Children {
             out.display().to_string(),
             "--export-final".into(),
         ]);
+        learner.extend(tls_args(&pki.issue("learner", "learner")?));
         children.add("learner", learner, &mut services)?;
         for i in 0..actors {
             let name = format!("actor-{i}");
@@ -135,6 +196,7 @@ impl Children {
                 "--actor-id".into(),
                 name.clone(),
             ]);
+            actor.extend(tls_args(&pki.issue(&name, &format!("actor/{name}"))?));
             children.add(&name, actor, &mut services)?;
         }
         Ok((services, children))

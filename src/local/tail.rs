@@ -9,10 +9,10 @@ use std::{
     time::Duration,
 };
 
-use bapo_proto::v1::{StatsRequest, batch_source_client::BatchSourceClient};
+use bapo_proto::v1::{Stats, StatsRequest, batch_source_client::BatchSourceClient};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::supervise::Children;
+use super::supervise::{Children, Services};
 use crate::telemetry;
 
 /// Follows a JSONL log from where it was last read.
@@ -96,7 +96,7 @@ impl Followed {
 /// exits, a service fails (an error) or the run is interrupted.
 pub async fn follow(
     children: &mut Children,
-    buffer_url: &str,
+    services: &Services,
     metrics: &Path,
     steps: u64,
     quiet: bool,
@@ -133,7 +133,7 @@ pub async fn follow(
                 bar.set_message(msg);
                 // Read the buffer's books while it is still up.
                 if s + 1 >= steps || s % 20 == 0 {
-                    seen.buffer = buffer_books(buffer_url).await.or(seen.buffer);
+                    seen.buffer = buffer_books(services).await.or(seen.buffer);
                 }
             }
         }
@@ -150,11 +150,18 @@ pub async fn follow(
     Ok(seen)
 }
 
+/// The buffer's stats, read with the run's admin certificate; `None` when
+/// the buffer does not answer.
+pub async fn buffer_stats(services: &Services) -> Option<Stats> {
+    let endpoint = bapo_proto::tls::endpoint(&services.buffer, services.admin.as_ref()).ok()?;
+    let mut c = BatchSourceClient::new(endpoint.connect().await.ok()?);
+    Some(c.get_stats(StatsRequest {}).await.ok()?.into_inner())
+}
+
 /// The buffer's stats as `summary.json`'s `buffer` map; `None` when the
 /// buffer does not answer.
-pub async fn buffer_books(url: &str) -> Option<BTreeMap<String, u64>> {
-    let mut c = BatchSourceClient::connect(url.to_string()).await.ok()?;
-    let s = c.get_stats(StatsRequest {}).await.ok()?.into_inner();
+pub async fn buffer_books(services: &Services) -> Option<BTreeMap<String, u64>> {
+    let s = buffer_stats(services).await?;
     let mut m = BTreeMap::from([
         ("learner_version".to_string(), s.learner_version),
         ("groups_pending".into(), s.groups_pending),

@@ -1,0 +1,444 @@
+//! Mutual TLS and per-role authorization on the real servers, with
+//! certificates made here: a caller without a certificate, with one from
+//! another CA or with an expired one is refused at the handshake; each
+//! role may call its own methods only (PERMISSION_DENIED otherwise, naming
+//! the role and the method); the buffer records the certificate's identity
+//! on each rollout; a blocklisted identity is refused after a reload; a
+//! rotated server certificate is served to new connections while an open
+//! weight stream keeps going; and the whole loop (buffer, learner, actor)
+//! runs over mutual TLS.
+
+mod common;
+
+use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
+
+use bapo_actor::{ActorConfig, ActorOptions};
+use bapo_buffer::{Buffer, BufferConfig};
+use bapo_learner::{LearnerConfig, Trainer, broadcast::WeightHub, run::RunOptions, server};
+use bapo_policy::{
+    ModelConfig, Policy, SamplingParams, burn::prelude::*, tokenizer::TextTokenizer,
+};
+use bapo_proto::{
+    tls::{
+        self, ClientTls, ServerSecurity, ServerTls, TlsFiles,
+        pki::{Ca, Options},
+    },
+    v1::{
+        SampleRequest, StatsRequest, SubscribeRequest, VersionReport,
+        batch_source_client::BatchSourceClient, rollout_sink_client::RolloutSinkClient,
+        weight_source_client::WeightSourceClient,
+    },
+};
+use bapo_tasks::TaskSpec;
+use tokio::sync::oneshot;
+use tonic::{Code, transport::Channel};
+
+const TD: &str = "bapo.test";
+
+fn loopback() -> Options {
+    Options {
+        hosts: vec!["localhost".into(), "127.0.0.1".into()],
+        valid: None,
+    }
+}
+
+/// A CA, and certificates of it written into a temporary directory.
+struct Pki {
+    ca: Ca,
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Self {
+        tls::install_default_provider();
+        Self {
+            ca: Ca::new(TD).unwrap(),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn files(&self, name: &str, path: &str, opts: &Options) -> TlsFiles {
+        let issued = self.ca.issue(path, opts).unwrap();
+        self.ca.write(self.dir.path(), name, &issued).unwrap()
+    }
+
+    fn client(&self, name: &str, path: &str) -> ClientTls {
+        ClientTls {
+            files: self.files(name, path, &loopback()),
+            server_name: None,
+        }
+    }
+
+    fn server(&self, blocklist: Option<&Path>) -> Arc<ServerTls> {
+        let files = self.files("server", "buffer", &loopback());
+        ServerTls::load(files, blocklist.map(Path::to_path_buf)).unwrap()
+    }
+}
+
+/// A buffer serving mutual TLS on an ephemeral port; stops on drop of the
+/// sender.
+async fn tls_buffer(cfg: BufferConfig, tls: Arc<ServerTls>) -> (String, oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    let buffer = Buffer::open(cfg).unwrap();
+    tokio::spawn(bapo_buffer::server::serve_with(
+        buffer,
+        listener,
+        ServerSecurity::Mtls(tls),
+        async {
+            let _ = rx.await;
+        },
+    ));
+    (format!("https://{addr}"), tx)
+}
+
+async fn tls_learner(hub: WeightHub, tls: Arc<ServerTls>) -> (String, oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    tokio::spawn(server::serve_with(
+        hub,
+        listener,
+        ServerSecurity::Mtls(tls),
+        async {
+            let _ = rx.await;
+        },
+    ));
+    (format!("https://{addr}"), tx)
+}
+
+/// A channel to `url` with `tls`; the error if it cannot be made.
+async fn connect(url: &str, tls: Option<&ClientTls>) -> Result<Channel, String> {
+    let url = url.replace("https://", "http://");
+    let ep = tls::endpoint(&url, tls).map_err(|e| e.to_string())?;
+    ep.connect().await.map_err(|e| format!("{e:?}"))
+}
+
+async fn stats(url: &str, tls: Option<&ClientTls>) -> Result<(), tonic::Status> {
+    let ch = connect(url, tls)
+        .await
+        .map_err(tonic::Status::unavailable)?;
+    BatchSourceClient::new(ch)
+        .get_stats(StatsRequest {})
+        .await
+        .map(|_| ())
+}
+
+#[tokio::test]
+async fn untrusted_callers_are_refused_at_the_handshake() {
+    let pki = Pki::new();
+    let (url, _stop) = tls_buffer(BufferConfig::default(), pki.server(None)).await;
+    let admin = pki.client("admin", "admin");
+    stats(&url, Some(&admin))
+        .await
+        .expect("an admin certificate reads the stats");
+
+    // No client certificate: plaintext to a TLS port, and TLS without one.
+    let plain = stats(&url.replace("https://", "http://"), None).await;
+    assert!(plain.is_err());
+    let no_cert = {
+        let ca = tonic::transport::Certificate::from_pem(std::fs::read(&admin.files.ca).unwrap());
+        let ep = tonic::transport::Endpoint::from_shared(url.clone())
+            .unwrap()
+            .tls_config(tonic::transport::ClientTlsConfig::new().ca_certificate(ca))
+            .unwrap();
+        match ep.connect().await {
+            Ok(ch) => BatchSourceClient::new(ch)
+                .get_stats(StatsRequest {})
+                .await
+                .map(|_| ()),
+            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+        }
+    };
+    let e = no_cert.expect_err("no client certificate");
+    assert_ne!(e.code(), Code::PermissionDenied, "{e:?}");
+
+    // A certificate from another CA (trusting ours for the server).
+    let other = Pki::new();
+    let mut foreign = other.client("admin", "admin");
+    foreign.files.ca = admin.files.ca.clone();
+    let e = stats(&url, Some(&foreign)).await.expect_err("another CA");
+    assert_ne!(e.code(), Code::PermissionDenied, "{e:?}");
+
+    // Expired, from our CA.
+    let expired = ClientTls {
+        files: pki.files(
+            "expired",
+            "admin",
+            &Options {
+                valid: Some(((2001, 1, 1), (2002, 1, 1))),
+                ..loopback()
+            },
+        ),
+        server_name: None,
+    };
+    let e = stats(&url, Some(&expired)).await.expect_err("expired");
+    assert_ne!(e.code(), Code::PermissionDenied, "{e:?}");
+
+    // The server still serves the trusted.
+    stats(&url, Some(&admin)).await.unwrap();
+}
+
+fn sample_req() -> SampleRequest {
+    SampleRequest {
+        num_groups: 1,
+        timeout_ms: 10,
+        allow_partial: true,
+    }
+}
+
+#[tokio::test]
+async fn each_role_calls_its_own_methods_only() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let blocklist = dir.path().join("blocked.txt");
+    std::fs::write(&blocklist, "# none yet\n").unwrap();
+    let server_tls = pki.server(Some(&blocklist));
+    let cfg = BufferConfig {
+        group_size: 2,
+        min_group_size: 1,
+        batch_groups: 1,
+        ..Default::default()
+    };
+    let (url, _stop) = tls_buffer(cfg, server_tls.clone()).await;
+    let actor = pki.client("actor-1", "actor/actor-1");
+    let learner = pki.client("learner", "learner");
+
+    let mut as_actor = BatchSourceClient::new(connect(&url, Some(&actor)).await.unwrap());
+    let e = as_actor.sample(sample_req()).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("role actor"), "{}", e.message());
+    assert!(
+        e.message().contains("/bapo.v1.BatchSource/Sample"),
+        "{}",
+        e.message()
+    );
+    let e = as_actor
+        .report_version(VersionReport {
+            version: 99,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("ReportVersion"), "{}", e.message());
+    as_actor.get_stats(StatsRequest {}).await.unwrap();
+
+    // The learner may not push.
+    let mut learner_sink = RolloutSinkClient::new(connect(&url, Some(&learner)).await.unwrap());
+    let e = learner_sink
+        .push(tokio_stream::iter(common::group("g-l", 2, 0)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("role learner"), "{}", e.message());
+
+    // The actor may, and what it declares as its id is replaced by the
+    // certificate's identity.
+    let mut sink = RolloutSinkClient::new(connect(&url, Some(&actor)).await.unwrap());
+    let mut group = common::group("g-a", 2, 0);
+    for r in &mut group {
+        r.actor_id = "somebody-else".into();
+    }
+    let ack = common::push(&mut sink, group).await;
+    assert_eq!(ack.accepted, 2, "{ack:?}");
+    let mut source = BatchSourceClient::new(connect(&url, Some(&learner)).await.unwrap());
+    let batch = source
+        .sample(SampleRequest {
+            num_groups: 1,
+            timeout_ms: 5000,
+            allow_partial: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let ids: Vec<_> = batch.groups[0]
+        .rollouts
+        .iter()
+        .map(|r| r.actor_id.as_str())
+        .collect();
+    let id = format!("spiffe://{TD}/actor/actor-1");
+    assert_eq!(ids, [id.as_str(), id.as_str()]);
+
+    // Blocked without a restart: the next call is refused, others go on.
+    std::fs::write(&blocklist, format!("spiffe://{TD}/actor/actor-1\n")).unwrap();
+    assert!(server_tls.reload().unwrap());
+    let e = sink
+        .push(tokio_stream::iter(common::group("g-b", 2, 0)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("blocked"), "{}", e.message());
+    source.get_stats(StatsRequest {}).await.unwrap();
+}
+
+fn tiny(seed: u64) -> Policy {
+    let device = Device::flex();
+    device.seed(seed);
+    Policy::init(ModelConfig::preset("tiny").unwrap(), &device)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_certificate_is_served_without_breaking_a_weight_stream() {
+    let pki = Pki::new();
+    let files = pki.files("learner-srv", "learner", &loopback());
+    let server_tls = ServerTls::load(files.clone(), None).unwrap();
+    let hub = WeightHub::new();
+    let p = tiny(3);
+    hub.publish(&p.model, &p.config, 1).unwrap();
+    let (url, _stop) = tls_learner(hub.clone(), server_tls.clone()).await;
+    let actor = pki.client("actor-0", "actor/actor-0");
+
+    // Only actors may subscribe.
+    let learner = pki.client("learner", "learner");
+    let e = WeightSourceClient::new(connect(&url, Some(&learner)).await.unwrap())
+        .subscribe(SubscribeRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+
+    let mut stream = WeightSourceClient::new(connect(&url, Some(&actor)).await.unwrap())
+        .max_decoding_message_size(64 << 20)
+        .subscribe(SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let first_version = |m: bapo_proto::v1::WeightMessage| match m.kind {
+        Some(bapo_proto::v1::weight_message::Kind::Update(u)) => Some(u.version),
+        _ => None,
+    };
+    let m = stream.message().await.unwrap().unwrap();
+    assert_eq!(first_version(m), Some(1));
+
+    // The rotated certificate names a host the old one did not.
+    let renamed = ClientTls {
+        server_name: Some("rotated.bapo.test".into()),
+        ..actor.clone()
+    };
+    assert!(connect(&url, Some(&renamed)).await.is_err());
+    let rotated = pki.ca.issue(
+        "learner",
+        &Options {
+            hosts: vec!["rotated.bapo.test".into(), "127.0.0.1".into()],
+            valid: None,
+        },
+    );
+    let rotated = rotated.unwrap();
+    std::fs::write(&files.cert, &rotated.cert_pem).unwrap();
+    std::fs::write(&files.key, &rotated.key_pem).unwrap();
+    assert!(server_tls.reload().unwrap());
+    connect(&url, Some(&renamed))
+        .await
+        .expect("new connections get the rotated certificate");
+
+    // The stream opened before the rotation still carries new versions.
+    hub.publish(&p.model, &p.config, 2).unwrap();
+    let mut got = None;
+    while let Some(m) = tokio::time::timeout(Duration::from_secs(30), stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        if let Some(v) = first_version(m) {
+            got = Some(v);
+            break;
+        }
+    }
+    assert_eq!(got, Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_loop_runs_over_mutual_tls() {
+    let pki = Pki::new();
+    let (buffer_url, _stop_buffer) = tls_buffer(
+        BufferConfig {
+            group_size: 4,
+            batch_groups: 2,
+            max_staleness: 2,
+            ..Default::default()
+        },
+        pki.server(None),
+    )
+    .await;
+    let hub = WeightHub::new();
+    let learner_tls = pki.client("learner", "learner");
+    let learner_server =
+        ServerTls::load(learner_tls.files.clone(), None).expect("one certificate both ways");
+    let (learner_url, _stop_learner) = tls_learner(hub.clone(), learner_server).await;
+    let out = tempfile::tempdir().unwrap();
+    let trainer = Trainer::new(
+        LearnerConfig {
+            batch_groups: 2,
+            steps: 2,
+            lr: 1e-3,
+            eval_every: 0,
+            checkpoint_every: 0,
+            ..Default::default()
+        },
+        tiny(1),
+        0,
+    )
+    .unwrap();
+    let learner = tokio::spawn(bapo_learner::run::run(
+        trainer,
+        hub.clone(),
+        RunOptions {
+            buffer: buffer_url.clone(),
+            tls: Some(learner_tls.clone()),
+            out: out.path().to_path_buf(),
+            provenance: Default::default(),
+            eval: None,
+            export_final: false,
+        },
+        std::future::pending(),
+    ));
+    let (stop_actor, rx) = oneshot::channel::<()>();
+    let actor = tokio::spawn(bapo_actor::run(
+        ActorConfig {
+            group_size: 4,
+            concurrency: 1,
+            sampling: SamplingParams {
+                temperature: 1.0,
+                max_new_tokens: 6,
+                ..Default::default()
+            },
+            shutdown_grace_s: 1.0,
+            ..Default::default()
+        },
+        Arc::from(bapo_tasks::build(&TaskSpec::default()).unwrap()),
+        Arc::new(TextTokenizer::char_level()),
+        ActorOptions {
+            buffer: buffer_url.clone(),
+            learner: learner_url,
+            actor_id: "declared".into(),
+            device: Device::flex(),
+            tls: Some(pki.client("actor-0", "actor/actor-0")),
+        },
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let summary = tokio::time::timeout(Duration::from_secs(120), learner)
+        .await
+        .expect("the learner finishes its steps over mTLS")
+        .unwrap()
+        .unwrap();
+    assert_eq!((summary.steps, summary.version), (2, 2));
+    let admin = pki.client("admin", "admin");
+    let mut source = BatchSourceClient::new(connect(&buffer_url, Some(&admin)).await.unwrap());
+    let s = source
+        .get_stats(StatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.learner_version, 2);
+    assert_eq!(s.rollouts_rejected, 0, "{s:?}");
+    stop_actor.send(()).unwrap();
+    let a = tokio::time::timeout(Duration::from_secs(30), actor)
+        .await
+        .expect("the actor stops")
+        .unwrap()
+        .unwrap();
+    assert!(a.groups >= 4, "{a:?}");
+}
