@@ -14,15 +14,13 @@ use bapo_buffer::BufferConfig;
 use bapo_learner::{
     LearnerConfig, Trainer, broadcast::WeightHub, checkpoint, run::RunOptions, server,
 };
-use bapo_policy::{
-    ModelConfig, Policy, SamplingParams, burn::prelude::*, tokenizer::TextTokenizer,
-};
+use bapo_policy::{ModelConfig, Policy, burn::prelude::*, tokenizer::TextTokenizer};
 use bapo_proto::{
     packed,
     v1::{SampleRequest, StatsRequest, WeightUpdate},
 };
 use bapo_tasks::TaskSpec;
-use common::TestBuffer;
+use common::{TestBuffer, actor_config};
 use tokio::sync::{oneshot, watch};
 
 fn tiny(seed: u64) -> Policy {
@@ -38,20 +36,6 @@ fn logits(p: &Policy) -> Vec<f32> {
         .into_data()
         .try_into_vec()
         .unwrap()
-}
-
-fn actor_config(k: usize) -> ActorConfig {
-    ActorConfig {
-        group_size: k,
-        concurrency: 1,
-        sampling: SamplingParams {
-            temperature: 1.0,
-            max_new_tokens: 6,
-            ..Default::default()
-        },
-        shutdown_grace_s: 1.0,
-        ..Default::default()
-    }
 }
 
 async fn weight_server(hub: WeightHub) -> (String, oneshot::Sender<()>) {

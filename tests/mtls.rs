@@ -12,12 +12,10 @@ mod common;
 
 use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
-use bapo_actor::{ActorConfig, ActorOptions};
+use bapo_actor::ActorOptions;
 use bapo_buffer::{Buffer, BufferConfig};
 use bapo_learner::{LearnerConfig, Trainer, broadcast::WeightHub, run::RunOptions, server};
-use bapo_policy::{
-    ModelConfig, Policy, SamplingParams, burn::prelude::*, tokenizer::TextTokenizer,
-};
+use bapo_policy::{ModelConfig, Policy, burn::prelude::*, tokenizer::TextTokenizer};
 use bapo_proto::{
     tls::{
         self, ClientTls, ServerSecurity, ServerTls, TlsFiles,
@@ -395,17 +393,7 @@ async fn the_loop_runs_over_mutual_tls() {
     ));
     let (stop_actor, rx) = oneshot::channel::<()>();
     let actor = tokio::spawn(bapo_actor::run(
-        ActorConfig {
-            group_size: 4,
-            concurrency: 1,
-            sampling: SamplingParams {
-                temperature: 1.0,
-                max_new_tokens: 6,
-                ..Default::default()
-            },
-            shutdown_grace_s: 1.0,
-            ..Default::default()
-        },
+        common::actor_config(4),
         Arc::from(bapo_tasks::build(&TaskSpec::default()).unwrap()),
         Arc::new(TextTokenizer::char_level()),
         ActorOptions {

@@ -124,3 +124,19 @@ pub async fn sample_ids(client: &mut BatchSourceClient<Channel>, n: u32) -> Vec<
         .map(|g| g.group_id)
         .collect()
 }
+
+/// An actor that makes groups of `k` quickly: one slot, six new tokens,
+/// a short shutdown grace.
+pub fn actor_config(k: usize) -> bapo_actor::ActorConfig {
+    bapo_actor::ActorConfig {
+        group_size: k,
+        concurrency: 1,
+        sampling: bapo_policy::SamplingParams {
+            temperature: 1.0,
+            max_new_tokens: 6,
+            ..Default::default()
+        },
+        shutdown_grace_s: 1.0,
+        ..Default::default()
+    }
+}
