@@ -95,8 +95,8 @@ fn spawn(name: &str, args: &[String], logs: &Path) -> anyhow::Result<Proc> {
     let exe = std::env::current_exe().context("locating the bapo binary")?;
     let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
     let out = std::fs::File::create(logs.join(format!("{name}.out")))?;
-    let child = Command::new(exe)
-        .args(args)
+    let mut cmd = Command::new(exe);
+    cmd.args(args)
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(log)
@@ -104,9 +104,21 @@ fn spawn(name: &str, args: &[String], logs: &Path) -> anyhow::Result<Proc> {
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
         )
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {name}"))?;
+        .kill_on_drop(true);
+    // kill_on_drop covers an orderly exit of this process, not a SIGKILL
+    // of it: then the kernel sends each child SIGTERM (a graceful stop, the
+    // buffer flushing its log) instead of leaving it orphaned on its port.
+    // SAFETY: prctl is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
     Ok(Proc {
         name: name.to_string(),
         child,
