@@ -291,3 +291,57 @@ impl AsyncWrite for GuardedConnection {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_stream::StreamExt;
+
+    use super::*;
+
+    /// Whether the server side closes `s` within `limit`.
+    async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+        let mut b = [0u8; 16];
+        matches!(
+            tokio::time::timeout(limit, s.read(&mut b)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn connections_past_the_budget_are_closed_and_a_freed_place_is_reused() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let guard = Guard {
+            handshake_timeout: Duration::from_secs(5),
+            max_connections: 2,
+        };
+        let mut incoming = guarded(listener, guard);
+        let mut clients = Vec::new();
+        let mut served = Vec::new();
+        for _ in 0..2 {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            c.write_all(b"x").await.unwrap();
+            served.push(incoming.next().await.unwrap().unwrap());
+            clients.push(c);
+        }
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        third.write_all(b"x").await.unwrap();
+        assert!(
+            closed_within(&mut third, Duration::from_secs(5)).await,
+            "over budget yet open"
+        );
+
+        // Closing a served connection frees its place.
+        drop(served.pop());
+        let mut fourth = TcpStream::connect(addr).await.unwrap();
+        fourth.write_all(b"x").await.unwrap();
+        let admitted = tokio::time::timeout(Duration::from_secs(5), incoming.next()).await;
+        assert!(
+            matches!(admitted, Ok(Some(Ok(_)))),
+            "a freed place was not reused"
+        );
+    }
+}
