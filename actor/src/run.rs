@@ -133,7 +133,6 @@ pub async fn run(
         follower.abort();
         return Err(e);
     }
-    let _ = stop_tx.send(true);
     let _ = follower.await;
     Ok(ActorSummary {
         groups: groups_done.load(Ordering::Relaxed),

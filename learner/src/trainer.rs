@@ -113,11 +113,6 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// The advantages the loss trains on, one per response token.
-    pub fn advantages(&self) -> &[f64] {
-        &self.skel.advantages
-    }
-
     /// `lp_old` per response token.
     pub fn logp_old(&self) -> &[f64] {
         &self.skel.logp_old
@@ -316,13 +311,10 @@ impl Trainer {
     /// (`recompute`) the current policy's, in a no-grad pass.
     pub fn prepare(&self, groups: &[TrainGroup]) -> Result<Prepared, TrainError> {
         let (rows, mut skel, metrics) = self.layout(groups)?;
-        let behav = std::mem::take(&mut skel.logp_old);
-        match self.cfg.proximal {
-            Proximal::Behavior => skel.logp_old = behav,
-            Proximal::Recompute => {
-                skel.logp_old = self.logprobs_no_grad(&rows, skel.len());
-                skel.logp_behav = Some(behav);
-            }
+        // The layout's lp_old is the behaviour's; recompute moves it aside.
+        if self.cfg.proximal == Proximal::Recompute {
+            let lp = self.logprobs_no_grad(&rows, skel.len());
+            skel.logp_behav = Some(std::mem::replace(&mut skel.logp_old, lp));
         }
         Ok(Prepared {
             rows,
