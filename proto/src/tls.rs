@@ -209,7 +209,10 @@ impl Peer {
 /// The peer authenticated on the connection that carried `req`; `None` on
 /// a plaintext server.
 pub fn peer<T>(req: &tonic::Request<T>) -> Option<&Peer> {
-    req.extensions().get::<Peer>()
+    req.extensions()
+        .get::<crate::transport::ConnInfo>()?
+        .peer
+        .as_deref()
 }
 
 // ---------------------------------------------------------------------------
@@ -497,7 +500,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let Some(tls) = &self.tls else {
             return Box::pin(self.inner.call(req));
         };
@@ -507,12 +510,9 @@ where
             .and_then(|c| c.peer.clone());
         let blocked = peer.as_ref().is_some_and(|p| tls.is_blocked(&p.id));
         match authorize(peer.as_deref(), req.uri().path(), blocked) {
-            Ok(()) => {
-                if let Some(p) = peer {
-                    req.extensions_mut().insert(Peer::clone(&p));
-                }
-                Box::pin(self.inner.call(req))
-            }
+            // The service reads the peer from the connection's info, which
+            // tonic puts on every request: nothing to copy per call.
+            Ok(()) => Box::pin(self.inner.call(req)),
             Err(status) => {
                 tracing::debug!(path = req.uri().path(), "{}", status.message());
                 Box::pin(std::future::ready(Ok(status.into_http())))
