@@ -444,13 +444,13 @@ impl Buffer {
                 "learner version went back within one incarnation (a learner without lineage resumed?)"
             );
         }
-        inner.log(Kind::Version(inner.version_record(&learner, version)));
-        let history = learner.lineage.clone();
+        if inner.wal.is_some() {
+            inner.log(Kind::Version(inner.version_record(&learner, version)));
+        }
+        // Only a new incarnation needs the history, to evict by it.
+        let history = (kind == ReportKind::NewIncarnation).then(|| learner.lineage.clone());
         drop(learner);
-        let evicted_rolled_back = match kind {
-            ReportKind::NewIncarnation => inner.evict_rolled_back(&history, version),
-            _ => 0,
-        };
+        let evicted_rolled_back = history.map_or(0, |h| inner.evict_rolled_back(&h, version));
         let evicted_stale = {
             let mut ready = inner.ready.lock();
             inner.evict_stale_ready(&mut ready, version)
