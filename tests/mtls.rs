@@ -1,12 +1,15 @@
-//! Mutual TLS and per-role authorization on the real servers, with
-//! certificates made here: a caller without a certificate, with one from
+//! TLS, client authentication and per-role authorization on the real
+//! servers, with certificates made here: a caller without a certificate, with one from
 //! another CA or with an expired one is refused at the handshake; each
 //! role may call its own methods only (PERMISSION_DENIED otherwise, naming
 //! the role and the method); the buffer records the certificate's identity
 //! on each rollout; a blocklisted identity is refused after a reload; a
 //! rotated server certificate is served to new connections while an open
 //! weight stream keeps going; and the whole loop (buffer, learner, actor)
-//! runs over mutual TLS.
+//! runs over mutual TLS. Bearer tokens: a wrong or missing one is
+//! UNAUTHENTICATED, a valid one has its line's role and no other, a
+//! rotated token file applies without a restart, and a server taking both
+//! still refuses a foreign certificate.
 
 mod common;
 
@@ -18,18 +21,19 @@ use bapo_learner::{LearnerConfig, Trainer, broadcast::WeightHub, run::RunOptions
 use bapo_policy::{ModelConfig, Policy, burn::prelude::*, tokenizer::TextTokenizer};
 use bapo_proto::{
     tls::{
-        self, ClientTls, ServerSecurity, ServerTls, TlsFiles,
+        self, AuthChannel, ClientTls, ClientToken, Role, ServerFiles, ServerSecurity, ServerTls,
+        TlsFiles,
         pki::{Ca, Options},
     },
     v1::{
-        SampleRequest, StatsRequest, SubscribeRequest, VersionReport,
+        PushAck, Rollout, SampleRequest, StatsRequest, SubscribeRequest, VersionReport,
         batch_source_client::BatchSourceClient, rollout_sink_client::RolloutSinkClient,
         weight_source_client::WeightSourceClient,
     },
 };
 use bapo_tasks::TaskSpec;
 use tokio::sync::oneshot;
-use tonic::{Code, transport::Channel};
+use tonic::Code;
 
 const TD: &str = "bapo.test";
 
@@ -61,15 +65,16 @@ impl Pki {
     }
 
     fn client(&self, name: &str, path: &str) -> ClientTls {
-        ClientTls {
-            files: self.files(name, path, &loopback()),
-            server_name: None,
-        }
+        ClientTls::mtls(self.files(name, path, &loopback()))
     }
 
     fn server(&self, blocklist: Option<&Path>) -> Arc<ServerTls> {
         let files = self.files("server", "buffer", &loopback());
-        ServerTls::load(files, blocklist.map(Path::to_path_buf)).unwrap()
+        ServerTls::load(ServerFiles {
+            blocklist: blocklist.map(Path::to_path_buf),
+            ..ServerFiles::mtls(files)
+        })
+        .unwrap()
     }
 }
 
@@ -107,10 +112,10 @@ async fn tls_learner(hub: WeightHub, tls: Arc<ServerTls>) -> (String, oneshot::S
 }
 
 /// A channel to `url` with `tls`; the error if it cannot be made.
-async fn connect(url: &str, tls: Option<&ClientTls>) -> Result<Channel, String> {
+async fn connect(url: &str, tls: Option<&ClientTls>) -> Result<AuthChannel, String> {
     let url = url.replace("https://", "http://");
-    let ep = tls::endpoint(&url, tls).map_err(|e| e.to_string())?;
-    ep.connect().await.map_err(|e| format!("{e:?}"))
+    let c = tls::connector(&url, tls).map_err(|e| e.to_string())?;
+    c.connect().await.map_err(|e| format!("{e:?}"))
 }
 
 async fn stats(url: &str, tls: Option<&ClientTls>) -> Result<(), tonic::Status> {
@@ -136,7 +141,7 @@ async fn untrusted_callers_are_refused_at_the_handshake() {
     let plain = stats(&url.replace("https://", "http://"), None).await;
     assert!(plain.is_err());
     let no_cert = {
-        let ca = tonic::transport::Certificate::from_pem(std::fs::read(&admin.files.ca).unwrap());
+        let ca = tonic::transport::Certificate::from_pem(std::fs::read(&admin.ca).unwrap());
         let ep = tonic::transport::Endpoint::from_shared(url.clone())
             .unwrap()
             .tls_config(tonic::transport::ClientTlsConfig::new().ca_certificate(ca))
@@ -155,27 +160,31 @@ async fn untrusted_callers_are_refused_at_the_handshake() {
     // A certificate from another CA (trusting ours for the server).
     let other = Pki::new();
     let mut foreign = other.client("admin", "admin");
-    foreign.files.ca = admin.files.ca.clone();
+    foreign.ca = admin.ca.clone();
     let e = stats(&url, Some(&foreign)).await.expect_err("another CA");
     assert_ne!(e.code(), Code::PermissionDenied, "{e:?}");
 
     // Expired, from our CA.
-    let expired = ClientTls {
-        files: pki.files(
-            "expired",
-            "admin",
-            &Options {
-                valid: Some(((2001, 1, 1), (2002, 1, 1))),
-                ..loopback()
-            },
-        ),
-        server_name: None,
-    };
+    let expired = ClientTls::mtls(pki.files(
+        "expired",
+        "admin",
+        &Options {
+            valid: Some(((2001, 1, 1), (2002, 1, 1))),
+            ..loopback()
+        },
+    ));
     let e = stats(&url, Some(&expired)).await.expect_err("expired");
     assert_ne!(e.code(), Code::PermissionDenied, "{e:?}");
 
     // The server still serves the trusted.
     stats(&url, Some(&admin)).await.unwrap();
+}
+
+async fn push(sink: &mut RolloutSinkClient<AuthChannel>, group: Vec<Rollout>) -> PushAck {
+    sink.push(tokio_stream::iter(group))
+        .await
+        .expect("push stream")
+        .into_inner()
 }
 
 fn sample_req() -> SampleRequest {
@@ -239,7 +248,7 @@ async fn each_role_calls_its_own_methods_only() {
     for r in &mut group {
         r.actor_id = "somebody-else".into();
     }
-    let ack = common::push(&mut sink, group).await;
+    let ack = push(&mut sink, group).await;
     assert_eq!(ack.accepted, 2, "{ack:?}");
     let mut source = BatchSourceClient::new(connect(&url, Some(&learner)).await.unwrap());
     let batch = source
@@ -271,6 +280,48 @@ async fn each_role_calls_its_own_methods_only() {
     source.get_stats(StatsRequest {}).await.unwrap();
 }
 
+#[tokio::test]
+async fn a_long_lived_client_follows_its_renewed_certificate() {
+    let pki = Pki::new();
+    let (url, _stop) = tls_buffer(
+        BufferConfig {
+            group_size: 2,
+            min_group_size: 1,
+            ..Default::default()
+        },
+        pki.server(None),
+    )
+    .await;
+    // Issued as an admin first: it may read stats, not push.
+    let files = pki.files("renewed", "admin/ops", &loopback());
+    let channel = tls::connector(
+        &url.replace("https://", "http://"),
+        Some(&ClientTls::mtls(files.clone())),
+    )
+    .unwrap()
+    .reload_every(Duration::ZERO)
+    .connect_lazy();
+    let mut sink = RolloutSinkClient::new(channel);
+    let e = sink
+        .push(tokio_stream::iter(common::group("g-0", 2, 0)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+
+    // The files are rewritten in place (as Kubernetes does with a renewed
+    // Secret); the same client's next call uses the new certificate.
+    let renewed = pki.ca.issue("actor/renewed", &loopback()).unwrap();
+    std::fs::write(&files.cert, &renewed.cert_pem).unwrap();
+    std::fs::write(&files.key, &renewed.key_pem).unwrap();
+    let ack = push(&mut sink, common::group("g-1", 2, 0)).await;
+    assert_eq!(ack.accepted, 2, "{ack:?}");
+
+    // A half-written file keeps the settings that work.
+    std::fs::write(&files.cert, "-----BEGIN CERTIFICATE-----\n").unwrap();
+    let ack = push(&mut sink, common::group("g-2", 2, 0)).await;
+    assert_eq!(ack.accepted, 2, "{ack:?}");
+}
+
 fn tiny(seed: u64) -> Policy {
     let device = Device::flex();
     device.seed(seed);
@@ -281,7 +332,7 @@ fn tiny(seed: u64) -> Policy {
 async fn a_rotated_certificate_is_served_without_breaking_a_weight_stream() {
     let pki = Pki::new();
     let files = pki.files("learner-srv", "learner", &loopback());
-    let server_tls = ServerTls::load(files.clone(), None).unwrap();
+    let server_tls = ServerTls::load(ServerFiles::mtls(files.clone())).unwrap();
     let hub = WeightHub::new();
     let p = tiny(3);
     hub.publish(&p.model, &p.config, 1).unwrap();
@@ -360,9 +411,10 @@ async fn the_loop_runs_over_mutual_tls() {
     )
     .await;
     let hub = WeightHub::new();
-    let learner_tls = pki.client("learner", "learner");
+    let learner_files = pki.files("learner", "learner", &loopback());
+    let learner_tls = ClientTls::mtls(learner_files.clone());
     let learner_server =
-        ServerTls::load(learner_tls.files.clone(), None).expect("one certificate both ways");
+        ServerTls::load(ServerFiles::mtls(learner_files)).expect("one certificate both ways");
     let (learner_url, _stop_learner) = tls_learner(hub.clone(), learner_server).await;
     let out = tempfile::tempdir().unwrap();
     let trainer = Trainer::new(
@@ -429,4 +481,150 @@ async fn the_loop_runs_over_mutual_tls() {
         .unwrap()
         .unwrap();
     assert!(a.groups >= 4, "{a:?}");
+}
+
+// ---------------------------------------------------------------------------
+// Bearer tokens
+
+const ACTOR_TOKEN: &str = "actor-token-0123456789abcdef";
+const LEARNER_TOKEN: &str = "learner-token-0123456789abcdef";
+const ADMIN_TOKEN: &str = "admin-token-0123456789abcdef";
+
+/// A token file holding `text`, in `dir`.
+fn token_file(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// A client that authenticates with the `role` token of `file` only.
+fn token_client(pki: &Pki, file: &Path, role: Role) -> ClientTls {
+    let ca = pki.files("ca-holder", "admin", &loopback()).ca;
+    ClientTls {
+        ca,
+        identity: None,
+        token: Some(ClientToken {
+            file: file.to_path_buf(),
+            role,
+        }),
+        server_name: None,
+    }
+}
+
+/// A buffer's server files: its certificate, `tokens`, and a client CA
+/// only when `certs_too`.
+fn token_server(pki: &Pki, tokens: &Path, certs_too: bool) -> Arc<ServerTls> {
+    let files = pki.files("server", "buffer", &loopback());
+    ServerTls::load(ServerFiles {
+        client_ca: certs_too.then_some(files.ca.clone()),
+        tokens: Some(tokens.to_path_buf()),
+        ..ServerFiles::mtls(files)
+    })
+    .unwrap()
+}
+
+#[tokio::test]
+async fn bearer_tokens_authenticate_a_role_and_only_that_role() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_file(
+        dir.path(),
+        "server-tokens",
+        &format!("actor {ACTOR_TOKEN}\nlearner {LEARNER_TOKEN}\nadmin {ADMIN_TOKEN}\n"),
+    );
+    let server_tls = token_server(&pki, &tokens, false);
+    let cfg = BufferConfig {
+        group_size: 2,
+        min_group_size: 1,
+        batch_groups: 1,
+        ..Default::default()
+    };
+    let (url, _stop) = tls_buffer(cfg, server_tls.clone()).await;
+
+    stats(&url, Some(&token_client(&pki, &tokens, Role::Admin)))
+        .await
+        .expect("the admin token reads the stats");
+
+    // A wrong token, and none at all (TLS only, no certificate either).
+    let wrong = token_file(dir.path(), "wrong", "admin not-the-admin-token-at-all\n");
+    let e = stats(&url, Some(&token_client(&pki, &wrong, Role::Admin)))
+        .await
+        .expect_err("a wrong token");
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    let none = {
+        let ca = std::fs::read(token_client(&pki, &tokens, Role::Admin).ca).unwrap();
+        let ep = tonic::transport::Endpoint::from_shared(url.clone())
+            .unwrap()
+            .tls_config(
+                tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+            )
+            .unwrap();
+        BatchSourceClient::new(ep.connect().await.unwrap())
+            .get_stats(StatsRequest {})
+            .await
+            .unwrap_err()
+    };
+    assert_eq!(none.code(), Code::Unauthenticated, "{none:?}");
+    assert!(
+        none.message().contains("bearer token"),
+        "{}",
+        none.message()
+    );
+
+    // The actor token pushes (its identity recorded) and may not sample.
+    let actor = token_client(&pki, &tokens, Role::Actor);
+    let mut as_actor = BatchSourceClient::new(connect(&url, Some(&actor)).await.unwrap());
+    let e = as_actor.sample(sample_req()).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("role actor"), "{}", e.message());
+    let mut sink = RolloutSinkClient::new(connect(&url, Some(&actor)).await.unwrap());
+    let ack = push(&mut sink, common::group("g-t", 2, 0)).await;
+    assert_eq!(ack.accepted, 2, "{ack:?}");
+    let learner = token_client(&pki, &tokens, Role::Learner);
+    let mut source = BatchSourceClient::new(connect(&url, Some(&learner)).await.unwrap());
+    let batch = source.sample(sample_req()).await.unwrap().into_inner();
+    assert_eq!(batch.groups[0].rollouts[0].actor_id, "token:actor");
+
+    // A rotated token file: the old actor token is refused on the next
+    // call of the same connection, the new one accepted.
+    let new_actor = "actor-token-rotated-0123456789";
+    std::fs::write(
+        &tokens,
+        format!("actor {new_actor}\nlearner {LEARNER_TOKEN}\nadmin {ADMIN_TOKEN}\n"),
+    )
+    .unwrap();
+    assert!(server_tls.reload().unwrap());
+    let e = sink
+        .push(tokio_stream::iter(common::group("g-old", 2, 0)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    let rotated = token_file(dir.path(), "actor-tokens", &format!("actor {new_actor}\n"));
+    let mut sink = RolloutSinkClient::new(
+        connect(&url, Some(&token_client(&pki, &rotated, Role::Actor)))
+            .await
+            .unwrap(),
+    );
+    let ack = push(&mut sink, common::group("g-new", 2, 0)).await;
+    assert_eq!(ack.accepted, 2, "{ack:?}");
+}
+
+#[tokio::test]
+async fn a_server_taking_tokens_and_certificates_still_checks_certificates() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_file(dir.path(), "tokens", &format!("admin {ADMIN_TOKEN}\n"));
+    let (url, _stop) = tls_buffer(BufferConfig::default(), token_server(&pki, &tokens, true)).await;
+    stats(&url, Some(&pki.client("admin", "admin")))
+        .await
+        .expect("a certificate");
+    stats(&url, Some(&token_client(&pki, &tokens, Role::Admin)))
+        .await
+        .expect("a token");
+    let other = Pki::new();
+    let mut foreign = other.client("admin", "admin");
+    foreign.ca = pki.client("admin2", "admin").ca;
+    let e = stats(&url, Some(&foreign)).await.expect_err("another CA");
+    assert_ne!(e.code(), Code::PermissionDenied, "{e:?}");
 }

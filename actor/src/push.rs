@@ -7,10 +7,10 @@
 
 use std::time::{Duration, Instant};
 
+use bapo_proto::tls::AuthChannel;
 use bapo_proto::v1::{PushAck, Rollout, rollout_sink_client::RolloutSinkClient};
 use metrics::{counter, histogram};
 use tokio::sync::watch;
-use tonic::transport::Channel;
 
 use crate::{backoff::Backoff, metrics as names};
 
@@ -23,7 +23,7 @@ pub struct PushError {
 
 /// Pushes one group, retrying until acknowledged or `abort` is set.
 pub async fn push_group(
-    client: &mut RolloutSinkClient<Channel>,
+    client: &mut RolloutSinkClient<AuthChannel>,
     rollouts: &[Rollout],
     abort: &mut watch::Receiver<bool>,
 ) -> Result<PushAck, PushError> {

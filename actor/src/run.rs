@@ -69,7 +69,7 @@ pub async fn run(
         "none of the stop tokens {:?} is in the tokenizer",
         cfg.stop
     );
-    let channel = tls::endpoint(&opts.buffer, opts.tls.as_ref())
+    let channel = tls::connector(&opts.buffer, opts.tls.as_ref())
         .with_context(|| format!("buffer address {:?}", opts.buffer))?
         .connect_lazy();
     let client = RolloutSinkClient::new(channel);
@@ -205,7 +205,7 @@ struct Slot {
     tokenizer: Arc<TextTokenizer>,
     stop_tokens: Vec<u32>,
     cell: PolicyCell,
-    client: RolloutSinkClient<tonic::transport::Channel>,
+    client: RolloutSinkClient<tls::AuthChannel>,
     abort_rx: watch::Receiver<bool>,
     abort: Arc<AtomicBool>,
     stopping: Arc<AtomicBool>,

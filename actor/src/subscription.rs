@@ -160,7 +160,7 @@ async fn stream_once(
     cell: &watch::Sender<Option<Arc<Versioned>>>,
     backoff: &mut Backoff,
 ) -> anyhow::Result<()> {
-    let channel = tls::endpoint(url, tls)?.connect().await?;
+    let channel = tls::connector(url, tls)?.connect().await?;
     let mut client = WeightSourceClient::new(channel).max_decoding_message_size(64 << 20);
     let mut stream = client
         .subscribe(SubscribeRequest {

@@ -23,9 +23,10 @@ use std::{
 
 use anyhow::Context;
 use bapo_policy::Policy;
+use bapo_proto::tls::AuthChannel;
 use bapo_proto::v1::{Group, SampleRequest, VersionReport, batch_source_client::BatchSourceClient};
 use metrics::counter;
-use tonic::{Code, transport::Channel};
+use tonic::Code;
 
 use crate::{
     StepReport, Trainer,
@@ -160,7 +161,7 @@ async fn step_off_thread(
 /// thread for every step.
 struct Session<'o> {
     opts: &'o RunOptions,
-    client: BatchSourceClient<Channel>,
+    client: BatchSourceClient<AuthChannel>,
     hub: WeightHub,
     log: BufWriter<File>,
     ckpt_dir: PathBuf,
@@ -173,7 +174,7 @@ struct Session<'o> {
 
 impl<'o> Session<'o> {
     fn open(trainer: &Trainer, hub: WeightHub, opts: &'o RunOptions) -> anyhow::Result<Self> {
-        let channel = bapo_proto::tls::endpoint(&opts.buffer, opts.tls.as_ref())
+        let channel = bapo_proto::tls::connector(&opts.buffer, opts.tls.as_ref())
             .with_context(|| format!("buffer address {:?}", opts.buffer))?
             .connect_lazy();
         let client = BatchSourceClient::new(channel).max_decoding_message_size(usize::MAX);
@@ -364,7 +365,7 @@ impl<'o> Session<'o> {
 
 /// One batch, or `None` after a timeout or a transient failure (logged;
 /// the caller simply asks again).
-async fn sample(client: &mut BatchSourceClient<Channel>, groups: u32) -> Option<Vec<Group>> {
+async fn sample(client: &mut BatchSourceClient<AuthChannel>, groups: u32) -> Option<Vec<Group>> {
     let req = SampleRequest {
         num_groups: groups,
         timeout_ms: 2000,

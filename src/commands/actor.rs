@@ -6,6 +6,8 @@ use bapo_actor::{ActorOptions, UpdateMode};
 use clap::Args;
 
 use super::common;
+use bapo_proto::tls::Role;
+
 use crate::{config_file::ConfigFile, security::TlsArgs, telemetry};
 
 #[derive(Debug, Args, Default)]
@@ -49,8 +51,8 @@ pub async fn run(args: ActorArgs) -> anyhow::Result<()> {
     }
     let security = args.tls.resolve(&cfg.tls)?;
     // One client setting for both services: a non-loopback one needs TLS.
-    let tls = security.client(&args.buffer)?;
-    security.client(&args.learner)?;
+    let tls = security.client(&args.buffer, Role::Actor)?;
+    security.client(&args.learner, Role::Actor)?;
     let tokenizer = Arc::new(cfg.model.tokenizer()?);
     let task = common::task(&cfg.task)?;
     let actor_id = args.actor_id.clone().unwrap_or_else(|| {

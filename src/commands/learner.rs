@@ -15,6 +15,8 @@ use clap::Args;
 use tokio::sync::watch;
 
 use super::common;
+use bapo_proto::tls::Role;
+
 use crate::{config_file::ConfigFile, security::TlsArgs, telemetry};
 
 #[derive(Debug, Args)]
@@ -69,7 +71,7 @@ pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
     // One certificate both ways: served to actors, presented to the buffer.
     let security = args.tls.resolve(&cfg.tls)?;
     let server_security = security.server(args.listen)?;
-    let buffer_tls = security.client(&args.buffer)?;
+    let buffer_tls = security.client(&args.buffer, Role::Learner)?;
     let device = common::device();
     let (policy, tokenizer) = cfg.model.load(&device)?;
     let (trainer, provenance) = start_trainer(&args, &cfg, policy, &device)?;

@@ -165,10 +165,7 @@ impl Children {
             buffer: format!("https://{buffer_addr}"),
             learner: format!("https://{learner_addr}"),
             metrics: BTreeMap::new(),
-            admin: Some(ClientTls {
-                files: pki.issue("admin", "admin")?,
-                server_name: None,
-            }),
+            admin: Some(ClientTls::mtls(pki.issue("admin", "admin")?)),
         };
         let mut children = Self {
             procs: Vec::new(),

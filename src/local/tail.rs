@@ -153,8 +153,8 @@ pub async fn follow(
 /// The buffer's stats, read with the run's admin certificate; `None` when
 /// the buffer does not answer.
 pub async fn buffer_stats(services: &Services) -> Option<Stats> {
-    let endpoint = bapo_proto::tls::endpoint(&services.buffer, services.admin.as_ref()).ok()?;
-    let mut c = BatchSourceClient::new(endpoint.connect().await.ok()?);
+    let connector = bapo_proto::tls::connector(&services.buffer, services.admin.as_ref()).ok()?;
+    let mut c = BatchSourceClient::new(connector.connect().await.ok()?);
     Some(c.get_stats(StatsRequest {}).await.ok()?.into_inner())
 }
 
