@@ -14,9 +14,12 @@
 # Then:
 #   1. renders the chart with the default values and every deploy/helm/bapo/ci/*.yaml,
 #      lints it (strict), validates every object against the Kubernetes
-#      1.30 and 1.37 schemas (strict; custom resources are checked by
-#      scripts/check_deploy.py instead), and checks that the objects fit
-#      together (selectors, ports, probes, the CLI flags, the config file);
+#      1.30 and 1.37 schemas (strict; custom resources, cert-manager's
+#      included, are checked by scripts/check_deploy.py instead), and checks
+#      that the objects fit together (selectors, ports, probes, the CLI
+#      flags, the config file, mutual TLS: certificates, their mounts,
+#      flags, roles, usages and DNS names, the issuer chain, no --insecure
+#      by default, refused value combinations);
 #   2. promtool check rules + test rules for deploy/prometheus, the
 #      dashboard's queries and the KEDA scaling query;
 #   3. hadolint on deploy/Dockerfile and deploy/Dockerfile.cuda.

@@ -5,7 +5,8 @@ Renders the Helm chart with Helm's own Go SDK (helm-python-sdk, the same
 engine as `helm template`), lints it, validates every rendered object
 against the Kubernetes JSON schemas in strict mode (kubernetes-validate),
 checks that the objects fit together (selectors, named ports, probes, the
-CLI contract, the config file), and that the copies of the dashboard and
+CLI contract, the config file, mutual TLS: certificates, their mounts and
+flags, identities and DNS names), and that the copies of the dashboard and
 the rules inside the chart equal the ones in deploy/. It writes every
 PromQL expression of the dashboard into a rules file for promtool to parse.
 
@@ -37,6 +38,8 @@ CRDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("keda.sh/v1alpha1", "ScaledObject"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("cert-manager.io/v1", "Issuer"),
 }
 RELEASE, NAMESPACE = "rl", "train"
 
@@ -236,8 +239,9 @@ def check_objects(docs: list[dict], values: dict) -> None:
     assert flag(a, "--actor-id") == "$(POD_NAME)", "--actor-id"
     buf_svc = next(s for s in services.values() if s["metadata"]["name"] == buffer["metadata"]["name"])
     learn_svc = services[learner["spec"]["serviceName"]]
-    want_buf = f"http://{buf_svc['metadata']['name']}.{NAMESPACE}.svc:{bgrpc}"
-    want_learn = f"http://{learn_svc['metadata']['name']}.{NAMESPACE}.svc:{lgrpc}"
+    scheme = "https" if tls_on(values) else "http"
+    want_buf = f"{scheme}://{buf_svc['metadata']['name']}.{NAMESPACE}.svc:{bgrpc}"
+    want_learn = f"{scheme}://{learn_svc['metadata']['name']}.{NAMESPACE}.svc:{lgrpc}"
     assert flag(l, "--buffer") == want_buf and flag(a, "--buffer") == want_buf, f"--buffer must be {want_buf}"
     assert flag(a, "--learner") == want_learn, f"--learner must be {want_learn}"
     assert any(p["port"] == bgrpc for p in buf_svc["spec"]["ports"]), "buffer Service port"
@@ -321,6 +325,300 @@ def check_objects(docs: list[dict], values: dict) -> None:
             assert json.loads(c["data"]["bapo-dashboard.json"]) == want, "dashboard ConfigMap differs"
 
 
+# -------------------------------------------------------------- mutual TLS
+
+# cert-manager's KeyUsage strings (cert-manager.io/v1 Certificate.spec.usages).
+CM_USAGES = {
+    "signing", "digital signature", "content commitment", "key encipherment",
+    "key agreement", "data encipherment", "cert sign", "crl sign",
+    "encipher only", "decipher only", "any", "server auth", "client auth",
+    "code signing", "email protection", "s/mime", "ipsec end system",
+    "ipsec tunnel", "ipsec user", "timestamping", "ocsp signing",
+    "microsoft sgc", "netscape sgc",
+}
+EKUS = {"server auth", "client auth"}
+# What each component's certificate must say (proto/src/tls.rs): the role
+# (first path segment of the SPIFFE ID; the buffer only serves, "buffer" is
+# no role) and exactly these extended key usages. The learner's one
+# certificate serves actors and calls the buffer.
+WANT_CERT = {
+    "buffer": ("buffer", {"server auth"}),
+    "learner": ("learner", {"server auth", "client auth"}),
+    "actor": ("actor", {"client auth"}),
+    "admin": ("admin", {"client auth"}),
+}
+# Which file of a Secret (or csi-driver volume) each flag must name.
+FLAG_FILE = {"--tls-cert": "tls.crt", "--tls-key": "tls.key", "--tls-ca": "ca.crt"}
+CSI_FILE_ATTR = {
+    "--tls-cert": "csi.cert-manager.io/certificate-file",
+    "--tls-key": "csi.cert-manager.io/privatekey-file",
+    "--tls-ca": "csi.cert-manager.io/ca-file",
+}
+GO_DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
+
+
+def tls_on(values: dict) -> bool:
+    return bool(values_get(values, "tls.enabled", True)) and not values_get(values, "insecure", False)
+
+
+def spiffe(uri: str) -> tuple[str, str]:
+    """(trust domain, role) as bapo reads them (tls::Peer::from_spiffe_id)."""
+    assert uri.startswith("spiffe://"), f"{uri}: not a SPIFFE ID"
+    td, sep, path = uri[len("spiffe://"):].partition("/")
+    assert td and sep and path, f"{uri}: want spiffe://<trust-domain>/<role>[/<name>]"
+    return td, path.split("/")[0]
+
+
+def host_of(url: str) -> str:
+    return url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[0]
+
+
+def go_hours(d: str) -> float:
+    total = 0.0
+    for num, unit in re.findall(r"([0-9.]+)(ns|us|µs|ms|s|m|h)", d):
+        total += float(num) * {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}[unit]
+    return total / 3600
+
+
+def check_certificate_shape(c: dict) -> None:
+    """What cert-manager's CRD and webhook would refuse, checked by hand."""
+    n, spec = c["metadata"]["name"], c["spec"]
+    assert spec.get("secretName"), f"Certificate {n}: secretName"
+    ref = spec.get("issuerRef") or {}
+    assert ref.get("name"), f"Certificate {n}: issuerRef.name"
+    assert set(ref) <= {"name", "kind", "group"}, f"Certificate {n}: issuerRef {ref}"
+    assert any(spec.get(k) for k in ("commonName", "dnsNames", "uris", "ipAddresses", "emailAddresses")), f"Certificate {n}: no subject"
+    bad = set(spec.get("usages", [])) - CM_USAGES
+    assert not bad, f"Certificate {n}: unknown usages {sorted(bad)}"
+    for k in ("duration", "renewBefore"):
+        assert GO_DURATION.match(str(spec.get(k, ""))), f"Certificate {n}: {k} {spec.get(k)!r}"
+    assert go_hours(spec["renewBefore"]) < go_hours(spec["duration"]), f"Certificate {n}: renewBefore must be shorter than duration"
+    pk = spec.get("privateKey", {})
+    assert pk.get("algorithm") == "ECDSA" and pk.get("size") == 256, f"Certificate {n}: ECDSA P-256 key"
+    assert pk.get("rotationPolicy") in ("Always", "Never") and pk.get("encoding") in ("PKCS1", "PKCS8"), f"Certificate {n}: privateKey {pk}"
+    for dns in spec.get("dnsNames", []):
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", dns) and len(dns) <= 253, f"Certificate {n}: DNS name {dns!r}"
+
+
+def check_tls(docs: list[dict], values: dict) -> None:
+    """Mutual TLS end to end: the objects a pod mounts exist, the flags name
+    files inside them, each certificate carries its component's role,
+    usages and the DNS names clients dial, the issuer chain resolves."""
+    insecure = values_get(values, "insecure", False)
+    cm_on = values_get(values, "tls.certManager.enabled", True)
+    per_pod = values_get(values, "tls.certManager.perPodActorIdentities", False)
+    existing = values_get(values, "tls.existingSecrets", {}) or {}
+    issuer_name = values_get(values, "tls.certManager.issuerRef.name", "")
+    ca_bundle = values_get(values, "tls.caBundle", "")
+    comps = {
+        "buffer": one(docs, "StatefulSet", "-buffer"),
+        "learner": one(docs, "StatefulSet", "-learner"),
+        "actor": one(docs, "Deployment", "-actor"),
+    }
+    certs, issuers = by_kind(docs, "Certificate"), by_kind(docs, "Issuer")
+    configmaps = {c["metadata"]["name"]: c for c in by_kind(docs, "ConfigMap")}
+
+    if not tls_on(values):
+        assert insecure, "TLS off without insecure: bapo would refuse to start"
+        assert not certs and not issuers, "insecure: no cert-manager objects expected"
+        for comp, w in comps.items():
+            args = args_of(w)
+            assert "--insecure" in args, f"{comp}: insecure needs --insecure"
+            assert not set(args) & {*FLAG_FILE, "--blocklist"}, f"{comp}: TLS flags under insecure"
+            if comp != "actor":
+                c = w["spec"]["template"]["spec"]["containers"][0]
+                assert all("grpc" in c[p] for p in ("startupProbe", "livenessProbe", "readinessProbe")), f"{comp}: plaintext servers keep the gRPC probes"
+        return
+
+    # Certificates: shape, and which component each one is for.
+    leaf_by_comp: dict[str, dict] = {}
+    by_secret = {c["spec"]["secretName"]: c for c in certs}
+    assert len(by_secret) == len(certs), "two Certificates write one Secret"
+    for c in certs:
+        check_certificate_shape(c)
+        if not c["spec"].get("isCA"):
+            comp = c["metadata"]["labels"].get("app.kubernetes.io/component")
+            assert comp in WANT_CERT, f"Certificate {c['metadata']['name']}: component {comp!r}"
+            assert comp not in leaf_by_comp, f"two Certificates for {comp}"
+            leaf_by_comp[comp] = c
+    if not cm_on:
+        assert not certs and not issuers, "existing Secrets: no cert-manager objects expected"
+    else:
+        want = {"buffer", "learner"} | (set() if per_pod else {"actor"})
+        if values_get(values, "tls.certManager.adminCertificate", False):
+            want.add("admin")
+        assert set(leaf_by_comp) == want, f"Certificates for {sorted(leaf_by_comp)}, want {sorted(want)}"
+
+    # The issuer chain.
+    cm_issuers = {i["metadata"]["name"]: i for i in issuers}
+    ca_certs = [c for c in certs if c["spec"].get("isCA")]
+    if cm_on and not issuer_name:
+        selfsigned = [i for i in issuers if "selfSigned" in i["spec"]]
+        ca_issuers = [i for i in issuers if "ca" in i["spec"]]
+        assert len(selfsigned) == 1 and len(ca_issuers) == 1 and len(ca_certs) == 1, "bootstrap: self-signed Issuer, CA Certificate, CA Issuer"
+        ca = ca_certs[0]
+        assert ca["spec"]["issuerRef"]["name"] == selfsigned[0]["metadata"]["name"], "the CA Certificate must come from the self-signed Issuer"
+        assert ca["spec"]["issuerRef"].get("kind", "Issuer") == "Issuer", "CA issuerRef kind"
+        assert ca_issuers[0]["spec"]["ca"]["secretName"] == ca["spec"]["secretName"], "the CA Issuer must use the CA Certificate's Secret"
+        assert "cert sign" in ca["spec"]["usages"], "CA: cert sign"
+        assert ca["spec"]["privateKey"]["rotationPolicy"] == "Never", "CA: a renewed CA must keep its key, or every issued certificate stops chaining"
+        want_ref = {"name": ca_issuers[0]["metadata"]["name"], "kind": "Issuer", "group": "cert-manager.io"}
+    elif cm_on:
+        assert not issuers and not ca_certs, "with tls.certManager.issuerRef.name, the chart makes no CA"
+        want_ref = {
+            "name": issuer_name,
+            "kind": values_get(values, "tls.certManager.issuerRef.kind", "Issuer") or "Issuer",
+            "group": values_get(values, "tls.certManager.issuerRef.group", "cert-manager.io") or "cert-manager.io",
+        }
+    for comp, c in leaf_by_comp.items():
+        ref = c["spec"]["issuerRef"]
+        assert ref == want_ref, f"{comp} Certificate issuerRef {ref}, want {want_ref}"
+        if ref["kind"] == "Issuer" and not issuer_name:
+            assert ref["name"] in cm_issuers, f"{comp}: Issuer {ref['name']} not rendered"
+
+    # Identities: one trust domain, each certificate its component's role
+    # and exactly its extended key usages.
+    domains = set()
+
+    def check_identity(comp: str, uris: list[str], usages: set[str], what: str) -> None:
+        role, ekus = WANT_CERT[comp]
+        assert uris, f"{what}: no SAN URI, so no role"
+        td, got = spiffe(uris[0])
+        domains.add(td)
+        assert got == role, f"{what}: first SAN URI {uris[0]} has role {got!r}, want {role!r}"
+        assert usages & EKUS == ekus, f"{what}: extended usages {sorted(usages & EKUS)}, want {sorted(ekus)}"
+        assert "digital signature" in usages, f"{what}: digital signature (TLS handshakes sign with the key)"
+
+    for comp, c in leaf_by_comp.items():
+        check_identity(comp, c["spec"].get("uris", []), set(c["spec"]["usages"]), f"Certificate {c['metadata']['name']}")
+
+    # Each workload: flags -> mounted files -> Secret/Certificate/csi/ConfigMap.
+    mounted_secrets = set()
+    for comp, w in comps.items():
+        spec = w["spec"]["template"]["spec"]
+        c = spec["containers"][0]
+        args = c["args"]
+        assert "--insecure" not in args, f"{comp}: --insecure under mutual TLS"
+        assert "--tls-server-name" not in args, f"{comp}: clients should verify the host of each URL (one --tls-server-name would apply to both the buffer and the learner)"
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+        vols = {v["name"]: v for v in spec["volumes"]}
+
+        def source(path: str, flag_name: str) -> tuple[dict, str]:
+            d, _, key = path.rpartition("/")
+            m = mounts.get(d)
+            assert m, f"{comp}: {flag_name} {path} is not inside a mounted directory ({sorted(mounts)})"
+            assert m.get("readOnly") is True and "subPath" not in m, f"{comp}: {d} must be mounted read-only and whole (no subPath: kubelet's in-place updates never reach a subPath)"
+            return vols[m["name"]], key
+
+        cert_vol = None
+        for f, file in FLAG_FILE.items():
+            path = flag(args, f)
+            vol, key = source(path, f)
+            if f == "--tls-cert":
+                cert_vol = vol
+            if "secret" in vol:
+                sec = vol["secret"]
+                assert not sec.get("items"), f"{comp}: Secret items would rename the files"
+                name = sec["secretName"]
+                mounted_secrets.add(name)
+                if cm_on:
+                    assert name in by_secret, f"{comp}: mounts Secret {name}, which no Certificate writes"
+                    assert by_secret[name] is leaf_by_comp.get(comp), f"{comp}: mounts {name}, the Secret of another component"
+                else:
+                    assert name == existing.get(comp), f"{comp}: mounts Secret {name}, not tls.existingSecrets.{comp} ({existing.get(comp)!r})"
+                assert key == file, f"{comp}: {f} {path}: a Secret from cert-manager or kubectl has {file}"
+                mode = sec.get("defaultMode", 0o644)
+                if mode & 0o004 == 0:
+                    assert spec["securityContext"].get("fsGroup") is not None, f"{comp}: Secret mode {oct(mode)} without fsGroup: uid 10001 cannot read the key"
+            elif "csi" in vol:
+                csi = vol["csi"]
+                assert comp == "actor" and per_pod, f"{comp}: unexpected csi volume"
+                assert csi["driver"] == "csi.cert-manager.io" and csi.get("readOnly") is True, f"{comp}: csi-driver needs driver csi.cert-manager.io and readOnly: true"
+                attrs = csi["volumeAttributes"]
+                assert key == attrs.get(CSI_FILE_ATTR[f], file), f"{comp}: {f} {path}: the csi-driver writes {attrs.get(CSI_FILE_ATTR[f], file)}"
+            elif "configMap" in vol:
+                assert f == "--tls-ca" and ca_bundle, f"{comp}: {f} from a ConfigMap"
+                cm = configmaps.get(vol["configMap"]["name"])
+                assert cm and key in cm.get("data", {}), f"{comp}: --tls-ca {path}: no such ConfigMap key"
+                assert cm["data"][key].count("-----BEGIN CERTIFICATE-----") == ca_bundle.count("-----BEGIN CERTIFICATE-----"), f"{comp}: CA bundle ConfigMap lost certificates"
+            else:
+                raise AssertionError(f"{comp}: {f} {path} is on a {sorted(vol)} volume")
+        # Key and certificate from the same volume.
+        assert vols[mounts[flag(args, "--tls-key").rpartition("/")[0]]["name"]] is cert_vol, f"{comp}: --tls-cert and --tls-key from different volumes"
+        if "csi" in cert_vol:
+            attrs = cert_vol["csi"]["volumeAttributes"]
+            uris = [u.strip() for u in attrs.get("csi.cert-manager.io/uri-sans", "").split(",") if u.strip()]
+            usages = {u.strip() for u in attrs.get("csi.cert-manager.io/key-usages", "").split(",")}
+            assert not usages - CM_USAGES, f"{comp}: csi key-usages {usages}"
+            check_identity(comp, uris, usages, f"{comp} csi volume")
+            assert "${POD_NAME}" in uris[0], f"{comp}: per-pod identities need ${{POD_NAME}} in uri-sans"
+            ref = {
+                "name": attrs.get("csi.cert-manager.io/issuer-name"),
+                "kind": attrs.get("csi.cert-manager.io/issuer-kind", "Issuer"),
+                "group": attrs.get("csi.cert-manager.io/issuer-group", "cert-manager.io"),
+            }
+            assert ref == want_ref, f"{comp}: csi issuer {ref}, want {want_ref}"
+            assert not (ref["kind"] == "Issuer" and "selfSigned" in cm_issuers.get(ref["name"], {}).get("spec", {})), "csi-driver cannot use a SelfSigned issuer"
+            for k in ("csi.cert-manager.io/duration", "csi.cert-manager.io/renew-before"):
+                assert GO_DURATION.match(attrs.get(k, "")), f"{comp}: {k}"
+            fs = attrs.get("csi.cert-manager.io/fs-group")
+            assert fs and int(fs) == spec["securityContext"].get("runAsGroup", spec["securityContext"].get("fsGroup")), f"{comp}: csi fs-group {fs} must be the pod's group"
+
+        # Servers: the blocklist; clients: none.
+        if comp in ("buffer", "learner"):
+            vol, key = source(flag(args, "--blocklist"), "--blocklist")
+            cm = configmaps.get(vol.get("configMap", {}).get("name"))
+            assert cm and key in cm.get("data", {}), f"{comp}: --blocklist names no ConfigMap key"
+            listed = {l.split("#")[0].strip() for l in cm["data"][key].splitlines()} - {""}
+            assert listed == set(values_get(values, "tls.blocklist", []) or []), f"{comp}: blocklist {sorted(listed)}"
+            for l in listed:
+                spiffe(l)
+            ann = w["spec"]["template"]["metadata"].get("annotations", {})
+            assert not any("blocklist" in k for k in ann), f"{comp}: the blocklist must not roll the pods"
+        else:
+            assert "--blocklist" not in args, "actors serve nothing: no --blocklist"
+
+        # Kubelet's gRPC probes speak plaintext with no client certificate.
+        for p in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert "grpc" not in c[p], f"{comp}: {p} is a gRPC probe, which cannot pass under mutual TLS"
+        # Clients and servers follow the CA bundle in place: a new bundle
+        # must not roll (and so restart) the learner or the actors.
+        assert "checksum/ca-bundle" not in w["spec"]["template"]["metadata"].get("annotations", {}), f"{comp}: a changed tls.caBundle must not roll the pod"
+
+    assert len(domains) == (1 if cm_on else 0), f"identities span trust domains {sorted(domains)}"
+    td = values_get(values, "tls.trustDomain", "")
+    if td and cm_on:
+        assert domains == {td}, f"trust domain {domains}, want {td}"
+
+    # Every Certificate's Secret is mounted by its component (admin: by no one).
+    for comp, c in leaf_by_comp.items():
+        if comp != "admin":
+            assert c["spec"]["secretName"] in mounted_secrets, f"Certificate {c['metadata']['name']}: its Secret is mounted by no pod"
+
+    # The servers' DNS names cover the hosts clients dial.
+    dials = [
+        ("learner", "--buffer", "buffer"),
+        ("actor", "--buffer", "buffer"),
+        ("actor", "--learner", "learner"),
+    ]
+    for client, f, server in dials:
+        url = flag(args_of(comps[client]), f)
+        assert url.startswith("https://"), f"{client}: {f} {url} should say https under mutual TLS"
+        if cm_on:
+            names = leaf_by_comp[server]["spec"].get("dnsNames", [])
+            assert host_of(url) in names, f"{server} certificate lacks {host_of(url)}, which the {client} dials ({f} {url}); it has {names}"
+    if cm_on:
+        svc = {"buffer": comps["buffer"]["metadata"]["name"], "learner": comps["learner"]["metadata"]["name"]}
+        cd = values_get(values, "tls.clusterDomain", "cluster.local")
+        for server, name in svc.items():
+            names = set(leaf_by_comp[server]["spec"]["dnsNames"])
+            forms = {name, f"{name}.{NAMESPACE}", f"{name}.{NAMESPACE}.svc", f"{name}.{NAMESPACE}.svc.{cd}"}
+            forms |= set(values_get(values, f"tls.extraDnsNames.{server}", []) or [])
+            assert forms <= names, f"{server} certificate lacks {sorted(forms - names)}"
+    else:
+        note("existing Secrets: their SAN URIs, usages and DNS names are not in the chart and cannot be checked here")
+
+
 def values_get(values: dict, dotted: str, default: Any) -> Any:
     cur: Any = values
     for part in dotted.split("."):
@@ -328,6 +626,17 @@ def values_get(values: dict, dotted: str, default: Any) -> Any:
             return default
         cur = cur[part]
     return cur
+
+
+def check_tls_default() -> None:
+    """The defaults: cert-manager certificates for all three, no --insecure."""
+    docs = render({})
+    assert tls_on({}), "tls_on({})"
+    for w in workloads(docs):
+        args = args_of(w)
+        assert "--insecure" not in args, f"{w['metadata']['name']}: --insecure under the default values"
+        assert all(f in args for f in FLAG_FILE), f"{w['metadata']['name']}: TLS flags missing"
+    assert len(by_kind(docs, "Certificate")) == 4, "default: CA + buffer, learner, actor Certificates"
 
 
 def must_fail(values: dict, needle: str) -> None:
@@ -481,6 +790,7 @@ def main() -> int:
         check(f"helm lint --strict ({label})", lambda: lint(values))
         check(f"schemas k8s {'+'.join(KUBE_VERSIONS)} strict ({label})", lambda: validate_schemas(docs))
         check(f"objects fit together ({label})", lambda: check_objects(docs, values))
+        check(f"mutual TLS fits together ({label})", lambda: check_tls(docs, values))
         if by_kind(docs, "ScaledObject"):
             check(f"KEDA query test written ({label})", lambda: scale_query_test(docs, args.out))
     check("release named bapo renders", lambda: render({}, release="bapo"))
@@ -496,6 +806,37 @@ def main() -> int:
     check(
         "refuses a misspelt value (values.schema.json)",
         lambda: must_fail({"actors": {"replicas": 2}}, "actors"),
+    )
+    check(
+        "default values run mutual TLS, no --insecure anywhere",
+        lambda: check_tls_default(),
+    )
+    check(
+        "refuses insecure with tls.enabled (the default)",
+        lambda: must_fail({"insecure": True}, "insecure: true and tls.enabled: true contradict"),
+    )
+    check(
+        "refuses insecure with tls.enabled set",
+        lambda: must_fail({"insecure": True, "tls": {"enabled": True}}, "insecure: true and tls.enabled: true contradict"),
+    )
+    check(
+        "refuses tls.enabled=false without insecure",
+        lambda: must_fail({"tls": {"enabled": False}}, "tls.enabled: false needs insecure: true"),
+    )
+    check(
+        "refuses existing Secrets path without a Secret",
+        lambda: must_fail(
+            {"tls": {"certManager": {"enabled": False}, "existingSecrets": {"buffer": "b", "learner": "l"}}},
+            "tls.existingSecrets.actor is required",
+        ),
+    )
+    check(
+        "refuses existing Secrets together with cert-manager",
+        lambda: must_fail({"tls": {"existingSecrets": {"buffer": "b"}}}, "pick one path"),
+    )
+    check(
+        "refuses a blocklist entry that is no SPIFFE ID",
+        lambda: must_fail({"tls": {"blocklist": ["actor-3"]}}, "blocklist"),
     )
     check("chart copies equal deploy/ files", check_copies)
     check("every alert has a firing and a silent test", alerts_tested)

@@ -70,12 +70,19 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* Client addresses of the two gRPC servers. */}}
+{{/*
+Client addresses of the two gRPC servers: <svc>.<ns>.svc, a name the
+servers' certificates carry (bapo verifies the URL's host). https under
+mutual TLS, http with insecure.
+*/}}
+{{- define "bapo.grpcScheme" -}}
+{{- ternary "https" "http" (and .Values.tls.enabled (not .Values.insecure)) -}}
+{{- end -}}
 {{- define "bapo.bufferUrl" -}}
-{{- printf "http://%s.%s.svc:%d" (include "bapo.componentName" (dict "root" . "component" "buffer")) .Release.Namespace (int .Values.ports.bufferGrpc) -}}
+{{- printf "%s://%s.%s.svc:%d" (include "bapo.grpcScheme" .) (include "bapo.componentName" (dict "root" . "component" "buffer")) .Release.Namespace (int .Values.ports.bufferGrpc) -}}
 {{- end -}}
 {{- define "bapo.learnerUrl" -}}
-{{- printf "http://%s.%s.svc:%d" (include "bapo.componentName" (dict "root" . "component" "learner")) .Release.Namespace (int .Values.ports.learnerGrpc) -}}
+{{- printf "%s://%s.%s.svc:%d" (include "bapo.grpcScheme" .) (include "bapo.componentName" (dict "root" . "component" "learner")) .Release.Namespace (int .Values.ports.learnerGrpc) -}}
 {{- end -}}
 
 {{/*
