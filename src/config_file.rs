@@ -20,7 +20,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use bapo_actor::ActorConfig;
+use bapo_actor::{ActorConfig, reward::RewardConfig};
 use bapo_buffer::BufferConfig;
 use bapo_learner::{LearnerConfig, sft::SftConfig};
 use bapo_policy::ModelSpec;
@@ -65,6 +65,9 @@ pub struct ConfigFile {
     pub buffer: BufferConfig,
     pub learner: LearnerConfig,
     pub actor: ActorConfig,
+    /// Where the actors' rewards come from (the task's verifier, or a
+    /// reward service).
+    pub reward: RewardConfig,
     pub model: ModelSpec,
     pub task: TaskSpec,
     pub sft: SftConfig,

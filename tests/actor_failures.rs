@@ -118,6 +118,7 @@ fn run_actor(
             actor_id: "trap".into(),
             device: Device::flex(),
             tls: None,
+            reward: Default::default(),
         },
         std::future::pending(),
     ))

@@ -68,6 +68,7 @@ fn start_actor(
             actor_id: "test-actor".into(),
             device: Device::flex(),
             tls: None,
+            reward: Default::default(),
         },
         async {
             let _ = rx.await;

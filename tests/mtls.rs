@@ -454,6 +454,7 @@ async fn the_loop_runs_over_mutual_tls() {
             actor_id: "declared".into(),
             device: Device::flex(),
             tls: Some(pki.client("actor-0", "actor/actor-0")),
+            reward: Default::default(),
         },
         async {
             let _ = rx.await;

@@ -2,13 +2,15 @@
 //!
 //! An actor follows the learner's weight stream ([`subscription`]),
 //! generates K responses per prompt on several threads ([`rollout`]),
-//! scores them with the task's verifier, and pushes each group to the
+//! scores them with the task's verifier or a reward service ([`reward`]),
+//! and pushes each group to the
 //! buffer ([`push`]), waiting whenever the buffer holds it back.
 
 pub mod backoff;
 pub mod config;
 pub mod metrics;
 pub mod push;
+pub mod reward;
 pub mod rollout;
 pub mod run;
 pub mod subscription;

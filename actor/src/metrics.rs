@@ -13,6 +13,10 @@ pub const WEIGHT_APPLY_SECONDS: &str = "bapo_actor_weight_apply_seconds";
 pub const ABORTED_GROUPS: &str = "bapo_actor_aborted_groups_total";
 pub const SLOT_FAILURES: &str = "bapo_actor_slot_failures_total";
 pub const PROBLEMS_SKIPPED: &str = "bapo_actor_problems_skipped_total";
+pub const REWARD_SECONDS: &str = "bapo_actor_reward_seconds";
+pub const REWARD_ERRORS: &str = "bapo_actor_reward_errors_total";
+pub const REWARD_GROUPS_DROPPED: &str = "bapo_actor_reward_groups_dropped_total";
+pub const REWARD_SUB_SCORE: &str = "bapo_actor_reward_sub_score";
 
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
@@ -55,5 +59,23 @@ pub fn describe() {
     describe_counter!(
         PROBLEMS_SKIPPED,
         "Problems skipped before generation, by reason (prompt_too_long)"
+    );
+    describe_histogram!(
+        REWARD_SECONDS,
+        Unit::Seconds,
+        "Per scoring call (built-in verifier or reward service), its duration"
+    );
+    describe_counter!(
+        REWARD_ERRORS,
+        "Failed scoring calls, by reason (timeout, unavailable, invalid_argument, error, \
+         bad_range, bad_answer, not_finite, out_of_range); each is retried"
+    );
+    describe_counter!(
+        REWARD_GROUPS_DROPPED,
+        "Groups dropped unscored after the last retry, by the last call's reason"
+    );
+    describe_histogram!(
+        REWARD_SUB_SCORE,
+        "Named sub-scores a reward service returns (format, correctness...), by name"
     );
 }

@@ -1,21 +1,25 @@
-//! One group, from prompt to scored rollouts, with nothing of gRPC in it:
-//! K responses generated together, new weights taken between any two
-//! tokens (partial or restart mode), then decoded, scored by the task's
-//! verifier and packed for the wire.
+//! One group, from prompt to rollouts: K responses generated together, new
+//! weights taken between any two tokens (partial or restart mode), then
+//! decoded for a verifier ([`completions`]) and, once scored (see
+//! [`crate::reward`]), packed for the wire ([`pack`]).
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use bapo_policy::{Finish, Generation, Response, SamplingParams, tokenizer::TextTokenizer};
 use bapo_proto::{packed, v1};
-use bapo_tasks::{Problem, Shaping, Task};
+use bapo_tasks::{Problem, Shaping};
 use metrics::counter;
 
 use crate::{
     config::UpdateMode,
     metrics as names,
+    reward::{Completion, Scored},
     subscription::{PolicyCell, Versioned},
 };
 
@@ -82,15 +86,39 @@ pub fn follow_cell(cell: &mut PolicyCell) -> impl FnMut() -> Option<Arc<Versione
     }
 }
 
-/// What scoring needs besides the responses.
-pub struct Scoring<'a> {
-    pub task: &'a Arc<dyn Task>,
-    pub tokenizer: &'a TextTokenizer,
+/// The completions of `responses` as a verifier sees them: decoded text
+/// without the stop token (an undecodable one decodes as empty and scores
+/// as wrong, never panics), the tokens as the learner sees them.
+pub fn completions(
+    tokenizer: &TextTokenizer,
+    stop_tokens: &[u32],
+    responses: &[Response],
+) -> Vec<Completion> {
+    responses
+        .iter()
+        .map(|r| {
+            let visible: &[u32] = match r.tokens.last() {
+                Some(t) if stop_tokens.contains(t) => &r.tokens[..r.tokens.len() - 1],
+                _ => &r.tokens,
+            };
+            Completion {
+                text: tokenizer.decode(visible).unwrap_or_default(),
+                tokens: r.tokens.clone(),
+                truncated: r.finish == Some(Finish::Length),
+            }
+        })
+        .collect()
+}
+
+/// What packing a scored group needs besides the responses.
+pub struct Packing<'a> {
+    pub task: &'a str,
     pub shaping: &'a Shaping,
-    pub stop_tokens: &'a [u32],
     /// How the responses were sampled, recorded on every rollout so the
     /// learner can refuse data sampled at another temperature.
     pub sampling: &'a SamplingParams,
+    /// The reward's source, recorded on every rollout.
+    pub source: &'a str,
 }
 
 /// Where a group's rollouts come from.
@@ -101,58 +129,63 @@ pub struct Origin<'a> {
     pub incarnation: u64,
 }
 
-/// Scores responses and builds the group's wire rollouts.
-pub fn score(
-    s: &Scoring<'_>,
+/// A rollout's metadata: the problem, the reward's source, and each
+/// sub-score as `reward.<name>`.
+fn metadata(problem: &Problem, source: &str, scored: &Scored) -> HashMap<String, String> {
+    let mut m: HashMap<String, String> = [
+        ("problem_id".to_string(), problem.id.clone()),
+        ("reward_source".to_string(), source.to_string()),
+    ]
+    .into();
+    for (k, v) in &scored.sub_scores {
+        m.insert(format!("reward.{k}"), v.to_string());
+    }
+    m
+}
+
+/// Builds the group's wire rollouts from its responses and their scores,
+/// shaping laid on top of each score.
+pub fn pack(
+    p: &Packing<'_>,
     problem: &Problem,
     prompt: &[u32],
     responses: Vec<Response>,
+    scores: Vec<Scored>,
     origin: &Origin<'_>,
 ) -> Vec<v1::Rollout> {
     let prompt_bytes = packed::pack_u32(prompt);
     let sampling = v1::SamplingParams {
-        temperature: s.sampling.temperature,
-        top_k: u32::try_from(s.sampling.top_k).unwrap_or(u32::MAX),
-        top_p: s.sampling.top_p,
+        temperature: p.sampling.temperature,
+        top_k: u32::try_from(p.sampling.top_k).unwrap_or(u32::MAX),
+        top_p: p.sampling.top_p,
     };
-    let Origin {
-        group_id,
-        actor_id,
-        incarnation,
-    } = *origin;
     responses
         .into_iter()
+        .zip(scores)
         .enumerate()
-        .map(|(i, r)| {
-            let visible: &[u32] = match r.tokens.last() {
-                Some(t) if s.stop_tokens.contains(t) => &r.tokens[..r.tokens.len() - 1],
-                _ => &r.tokens,
-            };
-            // An undecodable completion scores as wrong, never panics.
-            let text = s.tokenizer.decode(visible).unwrap_or_default();
-            let base = s.task.score(problem, &text);
-            let reward = s
+        .map(|(i, (r, scored))| {
+            let reward = p
                 .shaping
-                .apply(base, s.task.well_formed(problem, &text), r.tokens.len());
+                .apply(scored.reward, scored.well_formed, r.tokens.len());
             let finish = match r.finish {
                 Some(Finish::Stop) => v1::FinishReason::Stop,
                 Some(Finish::Length) => v1::FinishReason::Length,
                 None => v1::FinishReason::Aborted,
             };
             v1::Rollout {
-                rollout_id: format!("{group_id}/{i}"),
-                group_id: group_id.to_string(),
+                rollout_id: format!("{}/{i}", origin.group_id),
+                group_id: origin.group_id.to_string(),
                 prompt_tokens: prompt_bytes.clone(),
                 response_tokens: packed::pack_u32(&r.tokens),
                 behavior_logprobs: packed::pack_f32(&r.logprobs),
                 token_versions: packed::pack_u32(&r.versions),
                 reward,
-                token_rewards: Default::default(),
+                token_rewards: packed::pack_f32(&scored.token_rewards),
                 finish_reason: finish as i32,
-                actor_id: actor_id.to_string(),
-                task: s.task.name().to_string(),
-                metadata: [("problem_id".to_string(), problem.id.clone())].into(),
-                learner_incarnation: incarnation,
+                actor_id: origin.actor_id.to_string(),
+                task: p.task.to_string(),
+                metadata: metadata(problem, p.source, &scored),
+                learner_incarnation: origin.incarnation,
                 sampling: Some(sampling),
             }
         })

@@ -18,12 +18,13 @@ use std::{
 };
 
 use anyhow::Context;
+use bapo_policy::Response;
 use bapo_policy::{burn::prelude::*, tokenizer::TextTokenizer};
 use bapo_proto::{
     tls::{self, ClientTls},
     v1::rollout_sink_client::RolloutSinkClient,
 };
-use bapo_tasks::Task;
+use bapo_tasks::{Problem, Task};
 use metrics::{counter, gauge, histogram};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use tokio::sync::watch;
@@ -31,7 +32,8 @@ use tokio::sync::watch;
 use crate::{
     ActorConfig, metrics as names,
     push::push_group,
-    rollout::{Origin, Outcome, Scoring, follow_cell, generate, score},
+    reward::{self, Retry, RewardConfig, Verifier, score_group},
+    rollout::{Origin, Outcome, Packing, completions, follow_cell, generate, pack},
     subscription::{self, PolicyCell},
 };
 
@@ -42,6 +44,8 @@ pub struct ActorOptions {
     pub device: Device,
     /// Mutual TLS to the buffer and the learner; `None`: plaintext.
     pub tls: Option<ClientTls>,
+    /// Where rewards come from (`[reward]`).
+    pub reward: RewardConfig,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -69,6 +73,7 @@ pub async fn run(
         "none of the stop tokens {:?} is in the tokenizer",
         cfg.stop
     );
+    let verifier = reward::build(&opts.reward, task.clone(), cfg.shaping.format_bonus)?;
     let channel = tls::connector(&opts.buffer, opts.tls.as_ref())
         .with_context(|| format!("buffer address {:?}", opts.buffer))?
         .connect_lazy();
@@ -97,6 +102,8 @@ pub async fn run(
         let ctx = Slot {
             cfg: cfg.clone(),
             task: task.clone(),
+            verifier: verifier.clone(),
+            retry: Retry::from(&opts.reward),
             tokenizer: tokenizer.clone(),
             stop_tokens: stop_tokens.clone(),
             cell: cell_rx.clone(),
@@ -202,6 +209,8 @@ pub enum SlotError {
 struct Slot {
     cfg: ActorConfig,
     task: Arc<dyn Task>,
+    verifier: Arc<dyn Verifier>,
+    retry: Retry,
     tokenizer: Arc<TextTokenizer>,
     stop_tokens: Vec<u32>,
     cell: PolicyCell,
@@ -288,19 +297,26 @@ impl Slot {
                 } => (responses, incarnation),
                 Outcome::Aborted => return Ok(()),
             };
-            let scoring = Scoring {
-                task: &self.task,
-                tokenizer: &self.tokenizer,
+            let Some(scored) = self.score(&problem, &responses) else {
+                return Ok(());
+            };
+            let Ok(scores) = scored else {
+                // Dropped and counted by `score_group`; the next problem.
+                continue;
+            };
+            let source = self.verifier.name();
+            let packing = Packing {
+                task: self.task.name(),
                 shaping: &self.cfg.shaping,
-                stop_tokens: &self.stop_tokens,
                 sampling: &params,
+                source: &source,
             };
             let origin = Origin {
                 group_id: &group_id,
                 actor_id: &self.actor_id,
                 incarnation,
             };
-            let rollouts = score(&scoring, &problem, &prompt, responses, &origin);
+            let rollouts = pack(&packing, &problem, &prompt, responses, scores, &origin);
             histogram!(names::GROUP_SECONDS).record(t0.elapsed().as_secs_f64());
             let n_tokens: u64 = rollouts
                 .iter()
@@ -334,6 +350,30 @@ impl Slot {
             }
         }
         Ok(())
+    }
+}
+
+impl Slot {
+    /// Scores a group's responses (retrying failed calls); `None` when
+    /// aborted meanwhile.
+    fn score(
+        &self,
+        problem: &Problem,
+        responses: &[Response],
+    ) -> Option<Result<Vec<reward::Scored>, reward::RewardError>> {
+        let completions = completions(&self.tokenizer, &self.stop_tokens, responses);
+        let group = reward::Group {
+            task: self.task.name(),
+            problem,
+            completions: &completions,
+        };
+        let mut abort = self.abort_rx.clone();
+        self.handle.block_on(async {
+            tokio::select! {
+                r = score_group(&*self.verifier, group, self.retry) => Some(r),
+                _ = abort.wait_for(|a| *a) => None,
+            }
+        })
     }
 }
 

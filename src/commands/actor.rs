@@ -69,6 +69,7 @@ pub async fn run(args: ActorArgs) -> anyhow::Result<()> {
             actor_id,
             device: common::device(),
             tls,
+            reward: cfg.reward,
         },
         telemetry::shutdown_signal(),
     )

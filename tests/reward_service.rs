@@ -1,0 +1,197 @@
+//! The whole loop scored by the Python reference reward server
+//! (`examples/reward-server`, started by the project's own script, which
+//! makes its venv): buffer, learner and an actor on loopback, every reward
+//! from the server. The server is then killed: no group is admitted while
+//! it is down (nothing is scored by anyone else), and after it comes back
+//! on the same port the loop goes on.
+
+mod common;
+
+use std::{path::Path, process::Stdio, sync::Arc, time::Duration};
+
+use bapo_actor::{ActorOptions, reward::RewardConfig};
+use bapo_buffer::BufferConfig;
+use bapo_learner::{LearnerConfig, Trainer, broadcast::WeightHub, run::RunOptions, server};
+use bapo_policy::{ModelConfig, Policy, burn::prelude::*, tokenizer::TextTokenizer};
+use bapo_proto::v1::{SampleRequest, StatsRequest};
+use bapo_tasks::TaskSpec;
+use common::{TestBuffer, actor_config};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+    sync::oneshot,
+};
+
+/// The reference server on `listen`, and the address it bound.
+async fn reward_server(listen: &str) -> (Child, String) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/reward-server.sh");
+    let mut child = Command::new("bash")
+        .arg(script)
+        .args(["serve", "--listen", listen, "--verifier", "math"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("bash runs scripts/reward-server.sh");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    // The first start builds the venv (pip, about 10 s here).
+    let line = tokio::time::timeout(Duration::from_secs(600), lines.next_line())
+        .await
+        .expect("the reward server starts")
+        .unwrap()
+        .expect("the reward server prints its address");
+    let addr = line
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    (child, addr)
+}
+
+async fn admitted(buffer: &TestBuffer) -> u64 {
+    let mut source = buffer.source().await;
+    let stats = source
+        .get_stats(StatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    stats.groups_admitted
+}
+
+async fn wait_until(what: &str, secs: u64, mut f: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !f().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_loop_runs_on_a_python_reward_server_that_dies_and_comes_back() {
+    let (mut python, addr) = reward_server("127.0.0.1:0").await;
+    let buffer = TestBuffer::start(BufferConfig {
+        group_size: 4,
+        batch_groups: 1,
+        max_staleness: 4,
+        ..Default::default()
+    })
+    .await;
+    let buffer_url = format!("http://{}", buffer.addr);
+    let hub = WeightHub::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let learner_url = format!("http://{}", listener.local_addr().unwrap());
+    let (_stop_server, rx) = oneshot::channel::<()>();
+    tokio::spawn(server::serve(hub.clone(), listener, async {
+        let _ = rx.await;
+    }));
+    let out = tempfile::tempdir().unwrap();
+    let device = Device::flex();
+    device.seed(1);
+    let trainer = Trainer::new(
+        LearnerConfig {
+            batch_groups: 1,
+            steps: 1_000_000,
+            lr: 1e-3,
+            eval_every: 0,
+            checkpoint_every: 0,
+            ..Default::default()
+        },
+        Policy::init(ModelConfig::preset("tiny").unwrap(), &device),
+        0,
+    )
+    .unwrap();
+    let learner = tokio::spawn(bapo_learner::run::run(
+        trainer,
+        hub,
+        RunOptions {
+            buffer: buffer_url.clone(),
+            tls: None,
+            out: out.path().to_path_buf(),
+            provenance: Default::default(),
+            eval: None,
+            export_final: false,
+        },
+        std::future::pending(),
+    ));
+    let (stop_actor, rx) = oneshot::channel::<()>();
+    let actor = tokio::spawn(bapo_actor::run(
+        actor_config(4),
+        Arc::from(bapo_tasks::build(&TaskSpec::default()).unwrap()),
+        Arc::new(TextTokenizer::char_level()),
+        ActorOptions {
+            buffer: buffer_url,
+            learner: learner_url,
+            actor_id: "scored-remotely".into(),
+            device: Device::flex(),
+            tls: None,
+            reward: RewardConfig {
+                endpoint: format!("grpc://{addr}"),
+                timeout_ms: 5_000,
+                retries: 2,
+                backoff_ms: 100,
+                ..Default::default()
+            },
+        },
+        async {
+            let _ = rx.await;
+        },
+    ));
+
+    // The learner trains on groups the server scored.
+    let mut source = buffer.source().await;
+    wait_until("two learner steps", 180, async || {
+        let s = source
+            .get_stats(StatsRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        s.learner_version >= 2
+    })
+    .await;
+    let batch = source
+        .sample(SampleRequest {
+            num_groups: 1,
+            timeout_ms: 60_000,
+            allow_partial: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    for r in &batch.groups[0].rollouts {
+        assert_eq!(
+            r.metadata["reward_source"], "math-final-number",
+            "{:?}",
+            r.metadata
+        );
+        let correct = &r.metadata["reward.correct"];
+        assert_eq!(r.reward.to_string(), *correct, "the reward is the server's");
+    }
+
+    // Killed: nothing is admitted while it is down (a group scored just
+    // before may still land in the first second).
+    python.kill().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = admitted(&buffer).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        admitted(&buffer).await,
+        before,
+        "a group was admitted unscored"
+    );
+
+    // Back on the same port: the same actor scores and pushes again.
+    let (_python, again) = reward_server(&addr).await;
+    assert_eq!(again, addr);
+    wait_until("groups after the restart", 180, async || {
+        admitted(&buffer).await >= before + 2
+    })
+    .await;
+
+    stop_actor.send(()).unwrap();
+    let summary = tokio::time::timeout(Duration::from_secs(60), actor)
+        .await
+        .expect("the actor stops")
+        .unwrap()
+        .unwrap();
+    assert!(summary.groups >= 3, "{summary:?}");
+    learner.abort();
+}
