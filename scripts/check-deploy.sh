@@ -19,7 +19,8 @@
 #      that the objects fit together (selectors, ports, probes, the CLI
 #      flags, the config file, mutual TLS: certificates, their mounts,
 #      flags, roles, usages and DNS names, the issuer chain, no --insecure
-#      by default, refused value combinations);
+#      by default, the optional reward server and the actors' [reward]
+#      table, refused value combinations such as a reward without an image);
 #   2. promtool check rules + test rules for deploy/prometheus, the
 #      dashboard's queries and the KEDA scaling query;
 #   3. hadolint on deploy/Dockerfile and deploy/Dockerfile.cuda.

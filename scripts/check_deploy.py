@@ -6,7 +6,8 @@ engine as `helm template`), lints it, validates every rendered object
 against the Kubernetes JSON schemas in strict mode (kubernetes-validate),
 checks that the objects fit together (selectors, named ports, probes, the
 CLI contract, the config file, mutual TLS: certificates, their mounts and
-flags, identities and DNS names), and that the copies of the dashboard and
+flags, identities and DNS names, the optional reward server and the actors'
+[reward] table), and that the copies of the dashboard and
 the rules inside the chart equal the ones in deploy/. It writes every
 PromQL expression of the dashboard into a rules file for promtool to parse.
 
@@ -158,10 +159,30 @@ def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
 
-def buffer_fields() -> set[str]:
-    src = (ROOT / "buffer-service" / "src" / "config.rs").read_text()
-    body = src.split("pub struct BufferConfig {", 1)[1].split("\n}", 1)[0]
+def struct_fields(path: str, struct: str) -> set[str]:
+    src = (ROOT / path).read_text()
+    body = src.split(f"pub struct {struct} {{", 1)[1].split("\n}", 1)[0]
     return set(re.findall(r"^\s*pub (\w+):", body, re.M))
+
+
+def buffer_fields() -> set[str]:
+    return struct_fields("buffer-service/src/config.rs", "BufferConfig")
+
+
+def reward_fields() -> set[str]:
+    return struct_fields("actor/src/reward/config.rs", "RewardConfig")
+
+
+def reward_on(values: dict) -> bool:
+    return bool(values_get(values, "reward.enabled", False))
+
+
+def component(w: dict) -> str:
+    return w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+
+
+def env_of(c: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in c.get("env", [])}
 
 
 def check_objects(docs: list[dict], values: dict) -> None:
@@ -191,9 +212,11 @@ def check_objects(docs: list[dict], values: dict) -> None:
         gov = services.get(sts["spec"]["serviceName"])
         assert gov and gov["spec"].get("clusterIP") == "None", f"{sts['metadata']['name']}: governing Service must exist and be headless"
 
-    # Pods: security, /tmp, config, probes.
+    # Pods: security, /tmp, config, probes. The reward server is the user's
+    # image, not bapo: no config file, no bapo flags, TCP probes.
     for w in workloads(docs):
         wn, spec = w["metadata"]["name"], w["spec"]["template"]["spec"]
+        is_reward = component(w) == "reward"
         assert matches(w["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"]), f"{wn}: selector"
         psc = spec["securityContext"]
         assert psc.get("runAsNonRoot") is True and psc.get("runAsUser") == 10001, f"{wn}: pod must run as uid 10001, non-root"
@@ -206,23 +229,30 @@ def check_objects(docs: list[dict], values: dict) -> None:
             assert sc.get("capabilities", {}).get("drop") == ["ALL"], f"{wn}: capabilities"
             mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
             assert "emptyDir" in vols[mounts["/tmp"]], f"{wn}: /tmp must be an emptyDir"
-            cm = vols[mounts["/etc/bapo"]]["configMap"]["name"]
-            assert cm in configmaps and "bapo.toml" in configmaps[cm]["data"], f"{wn}: config map {cm}"
+            if not is_reward:
+                cm = vols[mounts["/etc/bapo"]]["configMap"]["name"]
+                assert cm in configmaps and "bapo.toml" in configmaps[cm]["data"], f"{wn}: config map {cm}"
             for m in c["volumeMounts"]:
                 assert m["name"] in vols or any(
                     t["metadata"]["name"] == m["name"] for t in w["spec"].get("volumeClaimTemplates", [])
                 ), f"{wn}: mount {m['name']} has no volume"
-            assert flag(c["args"], "--config") == "/etc/bapo/bapo.toml", f"{wn}: --config"
+            if not is_reward:
+                assert flag(c["args"], "--config") == "/etc/bapo/bapo.toml", f"{wn}: --config"
             ports = container_ports(w)
             for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
                 p = c[probe]
-                if "grpc" in p:
+                if is_reward:
+                    # No gRPC health service in the reference server, and
+                    # kubelet's gRPC probe cannot speak TLS.
+                    assert "tcpSocket" in p and p["tcpSocket"]["port"] in ports, f"{wn}: {probe} must be a tcpSocket probe on a container port"
+                elif "grpc" in p:
                     assert p["grpc"]["port"] in ports.values(), f"{wn}: {probe} port"
                 else:
                     assert p["httpGet"]["port"] in ports and p["httpGet"]["path"] == "/metrics", f"{wn}: {probe}"
             assert c["resources"].get("limits", {}).get("memory"), f"{wn}: memory limit"
             env = {e["name"] for e in c.get("env", [])}
-            assert {"POD_NAME", "HOME", "RUST_LOG"} <= env, f"{wn}: env {env}"
+            want_env = {"POD_NAME", "HOME"} | (set() if is_reward else {"RUST_LOG"})
+            assert want_env <= env, f"{wn}: env {env}"
 
     # The CLI contract.
     metrics = values_get(values, "ports.metrics", 9100)
@@ -284,11 +314,14 @@ def check_objects(docs: list[dict], values: dict) -> None:
         assert trig["type"] == "prometheus" and "bapo_buffer_groups" in trig["metadata"]["query"], "KEDA trigger"
         assert trig["metadata"]["serverAddress"].startswith("http"), "KEDA serverAddress"
     for pdb in by_kind(docs, "PodDisruptionBudget"):
-        assert pods_selected(docs, pdb["spec"]["selector"]) == [actor], "PDB must select the actors"
+        sel = pods_selected(docs, pdb["spec"]["selector"])
+        assert len(sel) == 1 and component(sel[0]) in ("actor", "reward"), f"PDB {pdb['metadata']['name']} must select the actors or the reward servers"
+        assert pdb["metadata"]["name"] == sel[0]["metadata"]["name"], f"PDB {pdb['metadata']['name']} selects {sel[0]['metadata']['name']}"
 
     # NetworkPolicies: each selects one workload, its named ports exist, and
-    # together they allow exactly actor->buffer, learner->buffer, actor->learner.
-    comp = lambda w: w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]  # noqa: E731
+    # together they allow exactly actor->buffer, learner->buffer,
+    # actor->learner (and actor->reward with reward.enabled).
+    comp = component
     allowed = set()
     for np in by_kind(docs, "NetworkPolicy"):
         target = pods_selected(docs, np["spec"]["podSelector"])
@@ -304,7 +337,11 @@ def check_objects(docs: list[dict], values: dict) -> None:
                     allowed.add((comp(src), comp(target[0])))
     if by_kind(docs, "NetworkPolicy"):
         want = {("actor", "buffer"), ("learner", "buffer"), ("actor", "learner")}
+        if reward_on(values):
+            want.add(("actor", "reward"))
         assert allowed == want, f"NetworkPolicy allows {sorted(allowed)}, want {sorted(want)}"
+
+    check_reward(docs, values, services, configmaps)
 
     # ServiceMonitor: one scrape target per workload.
     for sm in by_kind(docs, "ServiceMonitor"):
@@ -323,6 +360,140 @@ def check_objects(docs: list[dict], values: dict) -> None:
             assert c["metadata"]["labels"].get("grafana_dashboard") == "1", "dashboard label"
             want = json.loads((DEPLOY / "grafana" / "bapo-dashboard.json").read_text())
             assert json.loads(c["data"]["bapo-dashboard.json"]) == want, "dashboard ConfigMap differs"
+
+
+# ----------------------------------------------------------- reward server
+
+
+def reward_workload(docs: list[dict]) -> dict:
+    found = [w for w in workloads(docs) if component(w) == "reward"]
+    assert len(found) == 1 and found[0]["kind"] == "Deployment", f"expected one reward Deployment, found {[w['metadata']['name'] for w in found]}"
+    return found[0]
+
+
+def config_of(configmaps: dict) -> dict:
+    cm = next(c for c in configmaps.values() if "bapo.toml" in c.get("data", {}))
+    return tomllib.loads(cm["data"]["bapo.toml"])
+
+
+def inside_mount(c: dict, path: str, what: str) -> dict:
+    """The read-only, whole (no subPath) mount of container c holding path."""
+    d = path.rpartition("/")[0]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    m = mounts.get(d)
+    assert m, f"{what} {path} is not inside a mounted directory of {c['name']} ({sorted(mounts)})"
+    assert m.get("readOnly") is True and "subPath" not in m, f"{what}: {d} must be mounted read-only and whole"
+    return m
+
+
+def check_reward(docs: list[dict], values: dict, services: dict, configmaps: dict) -> None:
+    """The optional reward server and the actors' [reward] table: the
+    endpoint names a rendered Service and port of the reward pods, its
+    scheme follows TLS, the CA is a file the actors mount, the keys are
+    RewardConfig's, the NetworkPolicies let actors (only) in."""
+    cfg = config_of(configmaps)
+    comp_of = lambda o: o["metadata"].get("labels", {}).get("app.kubernetes.io/component")  # noqa: E731
+    if not reward_on(values):
+        leftovers = [f"{d['kind']}/{d['metadata']['name']}" for d in docs if comp_of(d) == "reward"]
+        assert not leftovers, f"reward.enabled is false, yet {leftovers}"
+        if values_get(values, "config.reward", None) is None and not values.get("configOverride"):
+            assert "reward" not in cfg, "reward.enabled is false: no [reward] table (the task's built-in verifier)"
+        return
+
+    w = reward_workload(docs)
+    wn, spec = w["metadata"]["name"], w["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    port = values_get(values, "reward.port", 50061)
+    tls = tls_on(values)
+
+    # The container: the user's image, command and args, then the chart's.
+    want_img = f"{values_get(values, 'reward.image.repository', '')}:{values_get(values, 'reward.image.tag', '')}"
+    assert c["image"] == want_img, f"{wn}: image {c['image']}, want {want_img}"
+    assert c.get("command", []) == (values_get(values, "reward.command", []) or []), f"{wn}: command"
+    assert w["spec"]["replicas"] == values_get(values, "reward.replicas", 2), f"{wn}: replicas"
+    assert container_ports(w).get("grpc") == port, f"{wn}: container port grpc must be reward.port {port}"
+    assert "nvidia.com/gpu" not in json.dumps(c["resources"]), f"{wn}: GPU"
+    args = c.get("args", [])
+    user = list(values_get(values, "reward.args", ["--verifier", "math"]) or [])
+    assert args[: len(user)] == user, f"{wn}: args {args} must start with reward.args {user}"
+    appended = args[len(user):]
+    want_flags = []
+    if values_get(values, "reward.listenArg", True):
+        want_flags.append("--listen")
+        assert appended[1:2] == [f"0.0.0.0:{port}"], f"{wn}: --listen must be 0.0.0.0:{port}, got {appended}"
+    if tls and values_get(values, "reward.tlsArgs", True):
+        want_flags += ["--tls-cert", "--tls-key"]
+    assert appended[0::2] == want_flags and len(appended) == 2 * len(want_flags), f"{wn}: the chart appends {appended}, want flags {want_flags}"
+    assert "--insecure" not in args and "--config" not in args, f"{wn}: bapo's flags on the user's server"
+    env = env_of(c)
+    assert env.get("BAPO_REWARD_PORT") == str(port), f"{wn}: BAPO_REWARD_PORT"
+    assert ("BAPO_TLS_CERT" in env) == tls and ("BAPO_TLS_KEY" in env) == tls, f"{wn}: BAPO_TLS_* env exactly under TLS"
+    assert not any(a.startswith("http") for a in args), f"{wn}: the reward server calls no bapo service"
+
+    # The actors' [reward] table.
+    assert "reward" in cfg, "reward.enabled: the config file needs a [reward] table"
+    r = cfg["reward"]
+    unknown = set(r) - reward_fields()
+    assert not unknown, f"[reward] keys not in RewardConfig: {sorted(unknown)}"
+    ep = r.get("endpoint", "")
+    scheme, _, rest = ep.partition("://")
+    assert scheme == ("grpcs" if tls else "grpc"), f"[reward] endpoint {ep}: want {'grpcs' if tls else 'grpc'}:// ({'mutual TLS' if tls else 'insecure'})"
+    host, _, ep_port = rest.rpartition(":")
+    svc_name = host.split(".")[0]
+    assert host == f"{svc_name}.{NAMESPACE}.svc", f"[reward] endpoint host {host}: want <svc>.{NAMESPACE}.svc"
+    svc = services.get(svc_name)
+    assert svc, f"[reward] endpoint {ep}: no Service {svc_name}"
+    assert svc["spec"].get("clusterIP") != "None", f"Service {svc_name}: the reward Service balances over its pods (ClusterIP)"
+    assert pods_selected(docs, svc["spec"]["selector"]) == [w], f"Service {svc_name} must select the reward pods"
+    sp = [p for p in svc["spec"]["ports"] if str(p["port"]) == ep_port]
+    assert sp, f"[reward] endpoint port {ep_port}: Service {svc_name} has {[p['port'] for p in svc['spec']['ports']]}"
+    tp = sp[0]["targetPort"]
+    assert (container_ports(w).get(tp) if isinstance(tp, str) else tp) == port, f"Service {svc_name}: port {ep_port} reaches {tp}, not the server's {port}"
+    assert "server_name" not in r, "[reward] server_name: the actors verify the endpoint's host"
+    actor = one(docs, "Deployment", "-actor")
+    ac = actor["spec"]["template"]["spec"]["containers"][0]
+    if tls:
+        assert r.get("ca"), "[reward] grpcs:// needs ca"
+        inside_mount(ac, r["ca"], "[reward] ca")
+        assert r["ca"] == flag(ac["args"], "--tls-ca"), f"[reward] ca {r['ca']} should be the CA the actors verify bapo's servers with ({flag(ac['args'], '--tls-ca')})"
+        assert not r.get("insecure"), "[reward] insecure under TLS"
+    else:
+        assert "ca" not in r, "[reward] ca with grpc:// (refused by the actor)"
+        assert r.get("insecure") is True, "[reward] grpc:// beyond loopback needs insecure = true"
+    for key, vk, default in (
+        ("timeout_ms", "timeoutMs", 30000),
+        ("retries", "retries", 3),
+        ("backoff_ms", "backoffMs", 250),
+        ("concurrency", "concurrency", 8),
+        ("send_tokens", "sendTokens", False),
+    ):
+        want = values_get(values, f"reward.{vk}", default)
+        assert r.get(key) == want and type(r.get(key)) is type(want), f"[reward] {key} = {r.get(key)!r}, want {want!r} (reward.{vk})"
+
+    # The actors roll when the file changes.
+    assert "checksum/config" in actor["spec"]["template"]["metadata"].get("annotations", {}), "actors: checksum/config"
+
+    # NetworkPolicies: actors -> reward in (only), and out when egress is restricted.
+    nps = by_kind(docs, "NetworkPolicy")
+    if nps:
+        rnp = [n for n in nps if pods_selected(docs, n["spec"]["podSelector"]) == [w]]
+        assert len(rnp) == 1, "one NetworkPolicy for the reward pods"
+        ingress = rnp[0]["spec"].get("ingress", [])
+        assert ingress, "reward NetworkPolicy: no ingress rule"
+        for rule in ingress:
+            for peer in rule.get("from", []):
+                assert set(peer) == {"podSelector"}, f"reward NetworkPolicy: only actor pods may call it, not {peer}"
+                assert [component(x) for x in pods_selected(docs, peer["podSelector"])] == ["actor"], "reward NetworkPolicy: only actors"
+            assert [p["port"] for p in rule.get("ports", [])] == ["grpc"], "reward NetworkPolicy: the gRPC port only"
+        if values_get(values, "networkPolicy.restrictEgress", True):
+            anp = [n for n in nps if pods_selected(docs, n["spec"]["podSelector"]) == [actor]][0]
+            assert "Egress" in anp["spec"]["policyTypes"], "actor NetworkPolicy restricts egress"
+            ok = any(
+                any("podSelector" in t and w in pods_selected(docs, t["podSelector"]) for t in rule.get("to", []))
+                and any(p["port"] in (port, "grpc") for p in rule.get("ports", []))
+                for rule in anp["spec"].get("egress", [])
+            )
+            assert ok, f"actor NetworkPolicy: no egress to the reward pods on {port}"
 
 
 # -------------------------------------------------------------- mutual TLS
@@ -346,6 +517,8 @@ WANT_CERT = {
     "learner": ("learner", {"server auth", "client auth"}),
     "actor": ("actor", {"client auth"}),
     "admin": ("admin", {"client auth"}),
+    # The optional reward server: TLS with server authentication only.
+    "reward": ("reward", {"server auth"}),
 }
 # Which file of a Secret (or csi-driver volume) each flag must name.
 FLAG_FILE = {"--tls-cert": "tls.crt", "--tls-key": "tls.key", "--tls-ca": "ca.crt"}
@@ -428,6 +601,12 @@ def check_tls(docs: list[dict], values: dict) -> None:
             if comp != "actor":
                 c = w["spec"]["template"]["spec"]["containers"][0]
                 assert all("grpc" in c[p] for p in ("startupProbe", "livenessProbe", "readinessProbe")), f"{comp}: plaintext servers keep the gRPC probes"
+        if reward_on(values):
+            rw = reward_workload(docs)
+            c = rw["spec"]["template"]["spec"]["containers"][0]
+            assert not {"--tls-cert", "--tls-key"} & set(c.get("args", [])), "reward: TLS flags under insecure"
+            assert not any("secret" in v for v in rw["spec"]["template"]["spec"]["volumes"]), "reward: a Secret volume under insecure"
+            assert not {"BAPO_TLS_CERT", "BAPO_TLS_KEY"} & set(env_of(c)), "reward: BAPO_TLS_* under insecure"
         return
 
     # Certificates: shape, and which component each one is for.
@@ -447,6 +626,8 @@ def check_tls(docs: list[dict], values: dict) -> None:
         want = {"buffer", "learner"} | (set() if per_pod else {"actor"})
         if values_get(values, "tls.certManager.adminCertificate", False):
             want.add("admin")
+        if reward_on(values):
+            want.add("reward")
         assert set(leaf_by_comp) == want, f"Certificates for {sorted(leaf_by_comp)}, want {sorted(want)}"
 
     # The issuer chain.
@@ -590,6 +771,48 @@ def check_tls(docs: list[dict], values: dict) -> None:
     if td and cm_on:
         assert domains == {td}, f"trust domain {domains}, want {td}"
 
+    # The reward server: its certificate and key (flags when tlsArgs, env
+    # always) are files of its own Secret, mounted read-only and whole; its
+    # DNS names cover the host the actors dial.
+    if reward_on(values):
+        rw = reward_workload(docs)
+        spec = rw["spec"]["template"]["spec"]
+        c = spec["containers"][0]
+        args, env = c.get("args", []), env_of(c)
+        vols = {v["name"]: v for v in spec["volumes"]}
+        files = {"--tls-cert": env.get("BAPO_TLS_CERT"), "--tls-key": env.get("BAPO_TLS_KEY")}
+        if values_get(values, "reward.tlsArgs", True):
+            for f in files:
+                assert flag(args, f) == files[f], f"reward: {f} {flag(args, f)} and env say different files"
+        used = set()
+        for f, path in files.items():
+            assert path, f"reward: no file for {f} (env BAPO_TLS_*)"
+            m = inside_mount(c, path, f"reward {f}")
+            vol = vols[m["name"]]
+            used.add(m["name"])
+            assert "secret" in vol and not vol["secret"].get("items"), f"reward: {f} {path} must come from a Secret, whole"
+            name = vol["secret"]["secretName"]
+            mounted_secrets.add(name)
+            if cm_on:
+                assert by_secret.get(name) is leaf_by_comp.get("reward"), f"reward: mounts Secret {name}, not its Certificate's"
+            else:
+                assert name == existing.get("reward"), f"reward: mounts Secret {name}, not tls.existingSecrets.reward ({existing.get('reward')!r})"
+            assert path.rpartition("/")[2] == FLAG_FILE[f], f"reward: {f} {path}: the Secret has {FLAG_FILE[f]}"
+            mode = vol["secret"].get("defaultMode", 0o644)
+            if mode & 0o004 == 0:
+                assert spec["securityContext"].get("fsGroup") is not None, f"reward: Secret mode {oct(mode)} without fsGroup: the server cannot read its key"
+        assert len(used) == 1, "reward: certificate and key from different volumes"
+        endpoint = config_of(configmaps)["reward"]["endpoint"]
+        if cm_on:
+            rc = leaf_by_comp["reward"]
+            names = set(rc["spec"].get("dnsNames", []))
+            assert host_of(endpoint) in names, f"reward certificate lacks {host_of(endpoint)}, which the actors dial ([reward] endpoint {endpoint}); it has {sorted(names)}"
+            svc = host_of(endpoint).split(".")[0]
+            cd = values_get(values, "tls.clusterDomain", "cluster.local")
+            forms = {svc, f"{svc}.{NAMESPACE}", f"{svc}.{NAMESPACE}.svc", f"{svc}.{NAMESPACE}.svc.{cd}"}
+            forms |= set(values_get(values, "tls.extraDnsNames.reward", []) or [])
+            assert forms <= names, f"reward certificate lacks {sorted(forms - names)}"
+
     # Every Certificate's Secret is mounted by its component (admin: by no one).
     for comp, c in leaf_by_comp.items():
         if comp != "admin":
@@ -637,6 +860,25 @@ def check_tls_default() -> None:
         assert "--insecure" not in args, f"{w['metadata']['name']}: --insecure under the default values"
         assert all(f in args for f in FLAG_FILE), f"{w['metadata']['name']}: TLS flags missing"
     assert len(by_kind(docs, "Certificate")) == 4, "default: CA + buffer, learner, actor Certificates"
+
+
+def check_reward_override_and_roll(rw: dict) -> None:
+    """configOverride plus reward.enabled: the chart's [reward] table is
+    appended and the file parses; turning the reward server on or off
+    changes the actors' config checksum, so they roll."""
+    override = "[buffer]\ngroup_size = 4\n\n[model]\npreset = \"tiny\"\n"
+    docs = render({"reward": rw, "configOverride": override})
+    cms = {c["metadata"]["name"]: c for c in by_kind(docs, "ConfigMap")}
+    cfg = config_of(cms)
+    assert cfg["buffer"] == {"group_size": 4} and cfg["reward"]["endpoint"].startswith("grpcs://"), f"config: {cfg}"
+
+    def checksum(v: dict) -> str:
+        a = one(render(v), "Deployment", "-actor")
+        return a["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+    off, on = checksum({}), checksum({"reward": rw})
+    assert off != on, "enabling reward must change the actors' checksum/config"
+    assert checksum({"reward": {**rw, "timeoutMs": 1234}}) != on, "a reward tuning change must roll the actors"
 
 
 def must_fail(values: dict, needle: str) -> None:
@@ -838,6 +1080,38 @@ def main() -> int:
         "refuses a blocklist entry that is no SPIFFE ID",
         lambda: must_fail({"tls": {"blocklist": ["actor-3"]}}, "blocklist"),
     )
+    rw_img = {"enabled": True, "image": {"repository": "registry.example.invalid/reward", "tag": "1"}}
+    check(
+        "refuses reward without an image",
+        lambda: must_fail({"reward": {"enabled": True}}, "reward.image.repository is required"),
+    )
+    check(
+        "refuses reward without an image tag",
+        lambda: must_fail({"reward": {"enabled": True, "image": {"repository": "r"}}}, "reward.image.tag is required"),
+    )
+    check(
+        "refuses reward with existing Secrets but no reward Secret",
+        lambda: must_fail(
+            {
+                "reward": rw_img,
+                "tls": {"certManager": {"enabled": False}, "existingSecrets": {"buffer": "b", "learner": "l", "actor": "a"}},
+            },
+            "tls.existingSecrets.reward is required",
+        ),
+    )
+    check(
+        "refuses config.reward while the chart writes [reward]",
+        lambda: must_fail({"reward": rw_img, "config": {"reward": {"endpoint": "builtin"}}}, "config.reward is set"),
+    )
+    check(
+        "refuses a [reward] table in configOverride while the chart writes one",
+        lambda: must_fail({"reward": rw_img, "configOverride": "[model]\npreset = \"tiny\"\n\n[reward]\nendpoint = \"builtin\"\n"}, "configOverride has a [reward] table"),
+    )
+    check(
+        "refuses a format bonus with a reward service",
+        lambda: must_fail({"reward": rw_img, "config": {"actor": {"shaping": {"format_bonus": 0.1}}}}, "format_bonus"),
+    )
+    check("reward: [reward] follows configOverride; the actors roll", lambda: check_reward_override_and_roll(rw_img))
     check("chart copies equal deploy/ files", check_copies)
     check("every alert has a firing and a silent test", alerts_tested)
     n = check("dashboard shape", lambda: dashboard_exprs(args.out / "dashboard-rules.yml"))

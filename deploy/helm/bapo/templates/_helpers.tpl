@@ -84,6 +84,50 @@ mutual TLS, http with insecure.
 {{- define "bapo.learnerUrl" -}}
 {{- printf "%s://%s.%s.svc:%d" (include "bapo.grpcScheme" .) (include "bapo.componentName" (dict "root" . "component" "learner")) .Release.Namespace (int .Values.ports.learnerGrpc) -}}
 {{- end -}}
+{{/*
+The reward server's address in the actors' [reward] endpoint: grpcs:// (TLS,
+the actors verify that host in its certificate) under mutual TLS, grpc://
+with insecure.
+*/}}
+{{- define "bapo.rewardUrl" -}}
+{{- $scheme := ternary "grpcs" "grpc" (and .Values.tls.enabled (not .Values.insecure)) -}}
+{{- printf "%s://%s.%s.svc:%d" $scheme (include "bapo.componentName" (dict "root" . "component" "reward")) .Release.Namespace (int .Values.reward.port) -}}
+{{- end -}}
+
+{{/*
+Refuses incomplete reward values; included by configmap.yaml (and the
+reward Deployment names the image's parts again with `required`).
+*/}}
+{{- define "bapo.reward.validate" -}}
+{{- $r := .Values.reward -}}
+{{- if $r.enabled -}}
+{{- if not $r.image.repository -}}
+{{- fail "reward.image.repository is required when reward.enabled is true: the image of your reward server (e.g. one built from examples/reward-server, docs/deploy.md#bring-your-own-reward)" -}}
+{{- end -}}
+{{- if not $r.image.tag -}}
+{{- fail "reward.image.tag is required when reward.enabled is true: the tag of your reward server's image" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The actors' [reward] table, when the chart runs the reward server. */}}
+{{- define "bapo.rewardToml" -}}
+{{- $r := .Values.reward -}}
+# The reward server of this release (reward.enabled): Service
+# {{ include "bapo.componentName" (dict "root" . "component" "reward") }}, port {{ $r.port }}.
+[reward]
+endpoint = {{ include "bapo.rewardUrl" . | toJson }}
+{{- if and .Values.tls.enabled (not .Values.insecure) }}
+ca = {{ include "bapo.tls.caFile" . | toJson }}
+{{- else }}
+insecure = true
+{{- end }}
+timeout_ms = {{ include "bapo.tomlValue" $r.timeoutMs }}
+retries = {{ include "bapo.tomlValue" $r.retries }}
+backoff_ms = {{ include "bapo.tomlValue" $r.backoffMs }}
+concurrency = {{ include "bapo.tomlValue" $r.concurrency }}
+send_tokens = {{ include "bapo.tomlValue" $r.sendTokens }}
+{{- end -}}
 
 {{/*
 One TOML value. Helm reads every number in values as a float64, and
@@ -132,10 +176,22 @@ One [table] of the config file, then its sub-tables as [table.sub]:
 {{- end }}
 {{- end -}}
 
-{{/* The whole config file. */}}
+{{/*
+The whole config file. With reward.enabled the chart's [reward] table is
+added (also after configOverride), so the actors call the release's reward
+server; the chart then refuses a [reward] table of its own in either.
+*/}}
 {{- define "bapo.configToml" -}}
+{{- $rw := .Values.reward.enabled -}}
 {{- if .Values.configOverride -}}
+{{- if and $rw (regexMatch "(?m)^\\s*\\[\\s*reward\\s*(\\]|\\.)" .Values.configOverride) -}}
+{{- fail "configOverride has a [reward] table while reward.enabled is true: the chart writes [reward] (pointing the actors at its reward server); drop the table from configOverride and tune it with reward.timeoutMs, retries, backoffMs, concurrency, sendTokens" -}}
+{{- end -}}
 {{- .Values.configOverride -}}
+{{- if $rw }}
+
+{{ include "bapo.rewardToml" . }}
+{{- end }}
 {{- else -}}
 {{- $c := .Values.config -}}
 {{- $b := default dict $c.buffer -}}
@@ -149,6 +205,13 @@ One [table] of the config file, then its sub-tables as [table.sub]:
 {{- end -}}
 {{- if hasKey $c "model" -}}
 {{- fail "config.model: set the model with the chart's `model` values" -}}
+{{- end -}}
+{{- if and $rw (hasKey $c "reward") (not (kindIs "invalid" $c.reward)) -}}
+{{- fail "config.reward is set while reward.enabled is true: the chart writes the [reward] table (pointing the actors at its reward server); tune it with reward.timeoutMs, retries, backoffMs, concurrency, sendTokens" -}}
+{{- end -}}
+{{- $shaping := default dict $a.shaping -}}
+{{- if and $rw (kindIs "map" $shaping) $shaping.format_bonus (ne (toString $shaping.format_bonus) "0") -}}
+{{- fail (printf "config.actor.shaping.format_bonus (%v) needs the task's own format check, which a reward service does not have: set it to 0 with reward.enabled (the service can score format itself)" $shaping.format_bonus) -}}
 {{- end -}}
 # Rendered by the bapo Helm chart (release {{ .Release.Name }}).
 {{- range $name, $table := $c }}
@@ -164,6 +227,10 @@ One [table] of the config file, then its sub-tables as [table.sub]:
 hf_dir = {{ toJson .Values.model.hfDir }}
 {{- else }}
 preset = {{ toJson (required "model.preset or model.hfDir is required" .Values.model.preset) }}
+{{- end }}
+{{- if $rw }}
+
+{{ include "bapo.rewardToml" . }}
 {{- end }}
 {{- end -}}
 {{- end -}}

@@ -2,7 +2,8 @@
 Mutual TLS of the bapo chart: validation, identities, certificate names,
 the DNS names clients use, and the volumes, mounts, flags and probes of each
 component. Components: "buffer", "learner", "actor" ("admin" for the
-optional operator certificate).
+optional operator certificate, "reward" for the optional reward server,
+which serves TLS with server authentication only).
 */}}
 
 {{/* Refuses contradictory or incomplete TLS values; included by configmap.yaml. */}}
@@ -18,7 +19,7 @@ optional operator certificate).
 {{- end -}}
 {{- if $t.enabled -}}
 {{- if $cm.enabled -}}
-{{- if or $ex.buffer $ex.learner $ex.actor -}}
+{{- if or $ex.buffer $ex.learner $ex.actor $ex.reward -}}
 {{- fail "tls.existingSecrets is set while tls.certManager.enabled is true: pick one path (tls.certManager.enabled=false to use your Secrets)" -}}
 {{- end -}}
 {{- else -}}
@@ -26,6 +27,9 @@ optional operator certificate).
 {{- if not (index $ex $c) -}}
 {{- fail (printf "tls.existingSecrets.%s is required when tls.certManager.enabled is false (a Secret with tls.crt, tls.key and ca.crt)" $c) -}}
 {{- end -}}
+{{- end -}}
+{{- if and .Values.reward.enabled (not $ex.reward) -}}
+{{- fail "tls.existingSecrets.reward is required when reward.enabled is true and tls.certManager.enabled is false (a Secret with tls.crt and tls.key for the reward server, carrying the DNS names of its Service, signed by a CA in the actors' ca.crt)" -}}
 {{- end -}}
 {{- if $cm.perPodActorIdentities -}}
 {{- fail "tls.certManager.perPodActorIdentities needs tls.certManager.enabled (cert-manager's csi-driver issues them)" -}}
@@ -71,7 +75,8 @@ actor/${POD_NAME}
 
 {{/* Key usages of a component's certificate, as a JSON list. */}}
 {{- define "bapo.tls.usages" -}}
-{{- if eq .component "buffer" -}}
+{{- if or (eq .component "buffer") (eq .component "reward") -}}
+{{- /* Servers only; the reward server authenticates no clients. */ -}}
 ["digital signature", "server auth"]
 {{- else if eq .component "learner" -}}
 {{- /* One certificate both ways: served to actors, presented to the buffer. */ -}}
@@ -107,7 +112,9 @@ group: cert-manager.io
 {{/*
 DNS names of a server's certificate: (dict "root" $ "component" c). Every
 form of the Service name a client may use (the chart's own URLs use
-<svc>.<ns>.svc), the StatefulSet pod's stable name, and extraDnsNames.
+<svc>.<ns>.svc), the StatefulSet pod's stable name (buffer, learner; the
+reward server is a Deployment, reached through its Service only), and
+extraDnsNames.
 */}}
 {{- define "bapo.tls.dnsNames" -}}
 {{- $r := .root -}}
@@ -119,7 +126,9 @@ form of the Service name a client may use (the chart's own URLs use
 {{- if eq .component "buffer" -}}
 {{- $names = concat $names (list (printf "%s.%s.svc" $governing $ns) (printf "%s.%s.svc.%s" $governing $ns $cd)) -}}
 {{- end -}}
+{{- if has .component (list "buffer" "learner") -}}
 {{- $names = concat $names (list (printf "%s-0.%s.%s.svc" $svc $governing $ns) (printf "%s-0.%s.%s.svc.%s" $svc $governing $ns $cd)) -}}
+{{- end -}}
 {{- $names = concat $names (index (default dict $r.Values.tls.extraDnsNames) .component | default list) -}}
 {{- toJson (uniq $names) -}}
 {{- end -}}
@@ -128,6 +137,19 @@ form of the Service name a client may use (the chart's own URLs use
 {{- define "bapo.tls.dir" -}}/etc/bapo-tls{{- end -}}
 {{- define "bapo.tls.caDir" -}}/etc/bapo-ca{{- end -}}
 {{- define "bapo.tls.blocklistDir" -}}/etc/bapo-blocklist{{- end -}}
+
+{{/*
+The CA bundle a client verifies servers with (--tls-ca, and the actors'
+[reward] ca): tls.caBundle's ConfigMap when set, else the ca.crt of the
+component's own certificate volume (Secret or csi-driver).
+*/}}
+{{- define "bapo.tls.caFile" -}}
+{{- if .Values.tls.caBundle -}}
+{{- include "bapo.tls.caDir" . }}/ca.crt
+{{- else -}}
+{{- include "bapo.tls.dir" . }}/ca.crt
+{{- end -}}
+{{- end -}}
 
 {{/*
 The TLS flags of a component: (dict "root" $ "component" c). Servers
@@ -142,11 +164,7 @@ URL they call (no --tls-server-name).
 - --tls-key
 - {{ include "bapo.tls.dir" $r }}/tls.key
 - --tls-ca
-{{- if $r.Values.tls.caBundle }}
-- {{ include "bapo.tls.caDir" $r }}/ca.crt
-{{- else }}
-- {{ include "bapo.tls.dir" $r }}/ca.crt
-{{- end }}
+- {{ include "bapo.tls.caFile" $r }}
 {{- if ne .component "actor" }}
 - --blocklist
 - {{ include "bapo.tls.blocklistDir" $r }}/blocklist.txt
