@@ -1,65 +1,57 @@
 //! `jsonl`: question/answer files in GSM8K's format, one JSON object a line:
-//! `{"question": "...", "answer": "...reasoning...\n#### 72"}`.
+//! `{"question": "...", "answer": "...reasoning...\n#### 72"}` (the field
+//! names are configurable, see [`FileOptions`]).
 //!
 //! The reference answer is the number after `####`; the warm-up solution is
 //! the reasoning with `#### 72` spelled out as `The answer is 72.` (and
 //! GSM8K's calculator annotations `<<48/2=24>>` removed), so a model learns
 //! to state its answer the way [`numeric::extract_final_number`] looks for.
 //! The verifier compares the model's final number with the reference
-//! exactly, whatever its decoration (`$1,234.00` = `1234`).
+//! exactly, whatever its decoration (`$1,234.00` = `1234`), and takes it from
+//! `\boxed{72}`, `#### 72` or "the answer is 72" alike, so a prompt may ask
+//! a chat model for either format (`instruction`).
 
 use std::path::Path;
 
-use rand::SeedableRng;
-use rand::rngs::SmallRng;
-use rand::seq::SliceRandom;
-use serde::Deserialize;
-
+use super::dataset::{FileOptions, Parsed, Record, Split};
 use super::numeric::{self, canonical_number};
-use super::{Problem, StableHasher, Task, TaskError};
+use super::{Problem, Task, TaskError};
 
-/// The prompt when the spec gives none.
-pub const DEFAULT_TEMPLATE: &str = "Question: {question}\nAnswer:";
+/// The prompt when the spec gives none (raw prompts; a chat prompt's
+/// default is [`dataset::CHAT_TEMPLATE`](super::dataset::CHAT_TEMPLATE)).
+pub const DEFAULT_TEMPLATE: &str = super::dataset::RAW_TEMPLATE;
 
 /// Where the question goes in a template.
-pub const PLACEHOLDER: &str = "{question}";
+pub const PLACEHOLDER: &str = super::dataset::PLACEHOLDER;
 
-const HELD_OUT_KEY: u64 = 0x6a73_6f6e_6c5f_686f; // "jsonl_ho"
-const TRAIN_KEY: u64 = 0x6a73_6f6e_6c5f_7472; // "jsonl_tr"
+/// The record fields read when the spec names none.
+pub const QUESTION_FIELD: &str = "question";
+pub const ANSWER_FIELD: &str = "answer";
 
 /// A file of questions, split into training and held-out problems when
 /// loaded.
 #[derive(Debug, Clone)]
 pub struct Jsonl {
-    /// Training problems in the seed's shuffled order; `train_problem`
-    /// walks it round and round.
-    train: Vec<Problem>,
-    /// Held-out problems in file order.
-    eval: Vec<Problem>,
-}
-
-#[derive(Deserialize)]
-struct Line {
-    question: String,
-    answer: String,
+    split: Split,
 }
 
 impl Jsonl {
-    /// Loads and splits a file. A line is held out when a hash of its
-    /// question falls below `eval_fraction`, so the split depends neither on
-    /// the seed nor on the order of lines, and a question that appears twice
-    /// is never on both sides.
+    /// GSM8K's fields and the raw default template.
+    pub fn default_options() -> FileOptions {
+        FileOptions::new(QUESTION_FIELD, ANSWER_FIELD)
+    }
+
+    /// Loads and splits a file with the default fields. A line is held out
+    /// when a hash of its question falls below `eval_fraction`, so the split
+    /// depends neither on the seed nor on the order of lines, and a question
+    /// that appears twice is never on both sides.
     pub fn load(
         path: &Path,
         seed: u64,
         eval_fraction: f64,
         template: &str,
     ) -> Result<Self, TaskError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TaskError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::parse(&text, path, seed, eval_fraction, template)
+        Self::open(path, &Self::options(seed, eval_fraction, template))
     }
 
     /// [`Jsonl::load`] on text already read; `path` names it in errors and
@@ -71,104 +63,54 @@ impl Jsonl {
         eval_fraction: f64,
         template: &str,
     ) -> Result<Self, TaskError> {
-        if !(eval_fraction.is_finite() && (0.0..1.0).contains(&eval_fraction)) {
-            return Err(TaskError::InvalidSpec {
-                field: "eval_fraction",
-                reason: format!("{eval_fraction} is outside [0, 1)"),
-            });
+        Self::from_text(text, path, &Self::options(seed, eval_fraction, template))
+    }
+
+    /// Loads and splits a file as `options` say.
+    pub fn open(path: &Path, options: &FileOptions) -> Result<Self, TaskError> {
+        let split = Split::load(path, options, |r| parse_record(r, options))?;
+        Ok(Self { split })
+    }
+
+    /// [`Jsonl::open`] on text already read.
+    pub fn from_text(text: &str, path: &Path, options: &FileOptions) -> Result<Self, TaskError> {
+        let split = Split::parse(text, path, options, |r| parse_record(r, options))?;
+        Ok(Self { split })
+    }
+
+    fn options(seed: u64, eval_fraction: f64, template: &str) -> FileOptions {
+        FileOptions {
+            seed,
+            eval_fraction,
+            template: Some(template.to_string()),
+            ..Self::default_options()
         }
-        if !template.contains(PLACEHOLDER) {
-            return Err(TaskError::InvalidSpec {
-                field: "template",
-                reason: format!("{template:?} has no {PLACEHOLDER}"),
-            });
-        }
-        let stem = path
-            .file_stem()
-            .map_or_else(|| "jsonl".into(), |s| s.to_string_lossy());
-        let mut train = Vec::new();
-        let mut eval = Vec::new();
-        for (i, raw) in text.lines().enumerate() {
-            if raw.trim().is_empty() {
-                continue;
-            }
-            let line_no = i + 1;
-            let bad = |message: String| TaskError::BadLine {
-                path: path.to_path_buf(),
-                line: line_no,
-                message,
-            };
-            let line: Line = serde_json::from_str(raw).map_err(|e| bad(json_message(&e)))?;
-            let (answer, solution) = split_answer(&line.answer).map_err(bad)?;
-            let prompt = template.replace(PLACEHOLDER, &line.question);
-            // The solution continues the prompt: keep a space between
-            // `Answer:` and the first word, as the text would have it.
-            let solution = if prompt.ends_with(char::is_whitespace)
-                || solution.starts_with(char::is_whitespace)
-            {
-                solution
-            } else {
-                format!(" {solution}")
-            };
-            let problem = Problem {
-                id: format!("{stem}:{line_no}"),
-                prompt,
-                answer,
-                solution,
-            };
-            if held_out(&line.question, eval_fraction) {
-                eval.push(problem);
-            } else {
-                train.push(problem);
-            }
-        }
-        if train.is_empty() {
-            return Err(TaskError::BadFile {
-                path: path.to_path_buf(),
-                message: if eval.is_empty() {
-                    "no training problems: the file has no lines".to_string()
-                } else {
-                    format!(
-                        "no training problems: all {} lines are held out",
-                        eval.len()
-                    )
-                },
-            });
-        }
-        let mut rng = SmallRng::seed_from_u64(StableHasher::new(TRAIN_KEY).word(seed).finish());
-        train.shuffle(&mut rng);
-        Ok(Self { train, eval })
     }
 
     /// How many problems each side of the split holds.
     pub fn split_sizes(&self) -> (usize, usize) {
-        (self.train.len(), self.eval.len())
+        self.split.sizes()
     }
 }
 
-fn held_out(question: &str, eval_fraction: f64) -> bool {
-    let h = StableHasher::new(HELD_OUT_KEY)
-        .bytes(question.as_bytes())
-        .finish();
-    // The top 53 bits as a uniform number in [0, 1).
-    ((h >> 11) as f64 / (1u64 << 53) as f64) < eval_fraction
-}
-
-/// serde_json's message without its own "at line 1 column N" (every line is
-/// parsed alone, so its line would always be 1), with the column kept.
-fn json_message(e: &serde_json::Error) -> String {
-    let full = e.to_string();
-    let suffix = format!(" at line {} column {}", e.line(), e.column());
-    let message = full.strip_suffix(&suffix).unwrap_or(&full);
-    format!("{message} (column {})", e.column())
+/// A GSM8K record: the question, and the answer's reasoning and number.
+fn parse_record(record: &Record, options: &FileOptions) -> Result<Parsed, String> {
+    let question = record.required_text(&options.question_field)?;
+    let answer = record.required_text(&options.answer_field)?;
+    let (answer, solution) = split_answer(&answer, &options.answer_field)?;
+    Ok(Parsed {
+        question,
+        answer,
+        solution,
+    })
 }
 
 /// The canonical reference number and the warm-up solution of a GSM8K
-/// answer.
-fn split_answer(answer: &str) -> Result<(String, String), String> {
+/// answer (`field` names it in errors).
+fn split_answer(answer: &str, field: &str) -> Result<(String, String), String> {
     let (reasoning, number) = answer
         .rsplit_once("####")
-        .ok_or_else(|| "`answer` has no `#### <number>`".to_string())?;
+        .ok_or_else(|| format!("`{field}` has no `#### <number>`"))?;
     let canonical = canonical_number(number)
         .ok_or_else(|| format!("`####` is followed by {:?}, not a number", number.trim()))?;
     let solution = format!(
@@ -200,13 +142,11 @@ impl Task for Jsonl {
     }
 
     fn train_problem(&self, index: u64) -> Problem {
-        // `parse` guarantees a non-empty training side.
-        let i = (index % self.train.len() as u64) as usize;
-        self.train[i].clone()
+        self.split.train_problem(index)
     }
 
     fn eval_problems(&self, n: usize) -> Vec<Problem> {
-        self.eval.iter().take(n).cloned().collect()
+        self.split.eval_problems(n)
     }
 
     /// 1 when the completion's final number ([`numeric::extract_final_number`])
@@ -450,6 +390,47 @@ mod tests {
         }
         assert!(task.well_formed(&p("1"), "so the answer is 3"));
         assert!(!task.well_formed(&p("1"), "3"));
+    }
+
+    #[test]
+    fn field_names_and_instruction_are_configurable() {
+        let text = "{\"prompt\": \"Two plus two?\", \"target\": \"2+2=4\\n#### 4\"}\n";
+        let options = FileOptions {
+            eval_fraction: 0.0,
+            question_field: "prompt".into(),
+            answer_field: "target".into(),
+            instruction: Some("Put the final answer after ####.".into()),
+            ..Jsonl::default_options()
+        };
+        let task = Jsonl::from_text(text, Path::new("g.jsonl"), &options).unwrap();
+        let p = task.train_problem(0);
+        assert_eq!(
+            p.prompt,
+            "Question: Two plus two?\nPut the final answer after ####.\nAnswer:"
+        );
+        assert_eq!(
+            (p.answer.as_str(), p.solution.as_str()),
+            ("4", " 2+2=4\nThe answer is 4.")
+        );
+        for completion in ["#### 4", "\\boxed{4}", "so \\boxed{4}.\n#### 4"] {
+            assert_eq!(task.score(&p, completion), 1.0, "{completion:?}");
+            assert!(task.well_formed(&p, completion));
+        }
+        // The default fields are not read any more, and errors name the new ones.
+        let err = Jsonl::from_text(
+            "{\"question\": \"q\", \"answer\": \"#### 1\"}",
+            Path::new("g.jsonl"),
+            &options,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("missing field `prompt`"), "{err}");
+        let err = Jsonl::from_text(
+            "{\"prompt\": \"q\", \"target\": \"1\"}",
+            Path::new("g.jsonl"),
+            &options,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("`target` has no `####"), "{err}");
     }
 
     #[test]
