@@ -1,11 +1,12 @@
 //! The policy of bapo: a Llama/Qwen2-family transformer in Burn, sampling
-//! and batched KV-cache generation, the tokenizer, HF weight loading, and
-//! held-out evaluation of a policy on a task (`bapo-tasks`).
+//! and batched KV-cache generation, the tokenizer and chat templates, HF
+//! weight loading, and held-out evaluation of a policy on a task (`bapo-tasks`).
 //!
 //! Actors sample from this model and the learner trains it; both compute
 //! log-probs of the same temperature-scaled distribution (`logprob.rs`).
 
 pub mod cache;
+pub mod chat;
 pub mod config;
 pub mod denormals;
 pub mod evaluate;

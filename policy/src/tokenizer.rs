@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use crate::chat::{ChatError, ChatTemplate};
+
 #[derive(Debug, thiserror::Error)]
 #[error("tokenizer {path}: {message}")]
 pub struct TokenizerError {
@@ -55,6 +57,9 @@ pub fn char_level_json() -> String {
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
     path: String,
+    /// The `tokenizer_config.json` found beside the file, kept verbatim
+    /// so that a saved tokenizer carries its chat template along.
+    config_json: Option<String>,
 }
 
 impl TextTokenizer {
@@ -63,9 +68,21 @@ impl TextTokenizer {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
+        let config_path = path.with_file_name("tokenizer_config.json");
+        let config_json = match std::fs::read_to_string(&config_path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(TokenizerError {
+                    path: config_path.display().to_string(),
+                    message: e.to_string(),
+                });
+            }
+        };
         Ok(Self {
             inner,
             path: path.display().to_string(),
+            config_json,
         })
     }
 
@@ -83,12 +100,32 @@ impl TextTokenizer {
         Self {
             inner,
             path: "<built-in char tokenizer>".into(),
+            config_json: None,
         }
     }
 
-    /// Writes the tokenizer as `tokenizer.json`.
+    /// Writes the tokenizer as `tokenizer.json`, and the
+    /// `tokenizer_config.json` it was loaded with (its chat template)
+    /// beside it.
     pub fn save(&self, path: &Path) -> Result<(), TokenizerError> {
-        self.inner.save(path, true).map_err(|e| self.err(e))
+        self.inner.save(path, true).map_err(|e| self.err(e))?;
+        if let Some(text) = &self.config_json {
+            let config = path.with_file_name("tokenizer_config.json");
+            std::fs::write(&config, text).map_err(|e| TokenizerError {
+                path: config.display().to_string(),
+                message: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The chat template of the `tokenizer_config.json` loaded with this
+    /// tokenizer, if it has one.
+    pub fn chat_template(&self) -> Result<Option<ChatTemplate>, ChatError> {
+        match &self.config_json {
+            Some(text) => ChatTemplate::from_config_json(text, &self.path),
+            None => Ok(None),
+        }
     }
 
     /// Token ids of `text`, without special tokens added.
@@ -104,6 +141,11 @@ impl TextTokenizer {
         let v = self.vocab_size() as u32;
         let known: Vec<u32> = ids.iter().copied().filter(|&i| i < v).collect();
         self.inner.decode(&known, true).map_err(|e| self.err(e))
+    }
+
+    /// Where it was loaded from (for messages).
+    pub fn path(&self) -> &str {
+        &self.path
     }
 
     pub fn vocab_size(&self) -> usize {

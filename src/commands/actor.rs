@@ -54,7 +54,7 @@ pub async fn run(args: ActorArgs) -> anyhow::Result<()> {
     let tls = security.client(&args.buffer, Role::Actor)?;
     security.client(&args.learner, Role::Actor)?;
     let tokenizer = Arc::new(cfg.model.tokenizer()?);
-    let task = common::task(&cfg.task)?;
+    let task = common::task(&cfg.task, &tokenizer)?;
     let actor_id = args.actor_id.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())

@@ -6,9 +6,10 @@ use std::{path::Path, sync::Arc};
 use anyhow::Context;
 use bapo_learner::{checkpoint, run::EvalFn};
 use bapo_policy::{
-    ModelSpec, Policy, burn::prelude::*, evaluate::evaluate, tokenizer::TextTokenizer,
+    ModelSpec, Policy, burn::prelude::*, chat::ChatTask, evaluate::evaluate,
+    tokenizer::TextTokenizer,
 };
-use bapo_tasks::{Task, TaskSpec};
+use bapo_tasks::{PromptFormat, Task, TaskSpec};
 
 /// The compute device: the first GPU in a `cuda` build, else the CPU.
 pub fn device() -> Device {
@@ -31,10 +32,28 @@ pub fn stop_tokens(tokenizer: &TextTokenizer, names: &[String]) -> anyhow::Resul
     Ok(ids)
 }
 
-pub fn task(spec: &TaskSpec) -> anyhow::Result<Arc<dyn Task>> {
-    Ok(Arc::from(bapo_tasks::build(spec).with_context(|| {
-        format!("building task {:?}", spec.name)
-    })?))
+/// The task `spec` names, its prompts in `tokenizer`'s chat format when
+/// `prompt_format = "chat"` (refused by name when the tokenizer has no
+/// chat template).
+pub fn task(spec: &TaskSpec, tokenizer: &TextTokenizer) -> anyhow::Result<Arc<dyn Task>> {
+    let task: Arc<dyn Task> = Arc::from(
+        bapo_tasks::build(spec).with_context(|| format!("building task {:?}", spec.name))?,
+    );
+    if spec.prompt_format == PromptFormat::Raw {
+        return Ok(task);
+    }
+    let template = tokenizer.chat_template()?.with_context(|| {
+        format!(
+            "task.prompt_format = \"chat\" but the tokenizer {} has no chat_template \
+             (in a tokenizer_config.json beside it)",
+            tokenizer.path()
+        )
+    })?;
+    Ok(Arc::new(ChatTask::new(
+        task,
+        template,
+        spec.system_prompt.clone(),
+    )?))
 }
 
 /// Greedy held-out accuracy as the learner's periodic evaluation.

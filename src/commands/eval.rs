@@ -47,7 +47,7 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<EvalResult> {
     }
     let device = common::device();
     let (policy, tokenizer) = common::load_model_dir(&args.checkpoint, &device)?;
-    let task = common::task(&cfg.task)?;
+    let task = common::task(&cfg.task, &tokenizer)?;
     let stop = common::stop_tokens(&tokenizer, &cfg.actor.stop)?;
     let problems = task.eval_problems(args.problems);
     Ok(evaluate(

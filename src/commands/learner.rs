@@ -167,7 +167,7 @@ fn eval_hook(cfg: &ConfigFile, tokenizer: &TextTokenizer) -> anyhow::Result<Opti
     if cfg.learner.eval_every == 0 {
         return Ok(None);
     }
-    let task = common::task(&cfg.task)?;
+    let task = common::task(&cfg.task, tokenizer)?;
     Ok(Some(common::eval_hook(
         task,
         tokenizer.clone(),

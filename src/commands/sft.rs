@@ -65,7 +65,7 @@ pub fn warm_start(
     let t0 = std::time::Instant::now();
     let device = common::device();
     let (policy, tokenizer) = cfg.model.load(&device)?;
-    let task = common::task(&cfg.task)?;
+    let task = common::task(&cfg.task, &tokenizer)?;
     let stop = common::stop_tokens(&tokenizer, &cfg.actor.stop)?;
     let problems = task.eval_problems(eval_problems);
     let max_new = cfg.learner.eval_max_new_tokens;
