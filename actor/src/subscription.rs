@@ -1,9 +1,14 @@
 //! Following the learner's weight stream: each announced version is
 //! reassembled from its chunks, checked against its header (length, CRC32,
-//! version) and loaded into a fresh model, which then replaces the current
-//! one for every generation of this actor. A broken or corrupt transfer is
-//! dropped whole (the current weights stay) and the stream is reconnected
-//! with exponential backoff and jitter.
+//! version, encoding) and loaded into a fresh model, which then replaces
+//! the current one for every generation of this actor. A broken or
+//! corrupt transfer is dropped whole (the current weights stay) and the
+//! stream is reconnected with exponential backoff and jitter.
+//!
+//! A bf16 stream is widened back to the device's compute dtype (f32 on
+//! the CPU) as it loads: the actor samples, and records its behaviour
+//! log-probs, with the bf16-rounded weights, and the learner's importance
+//! ratio is taken against exactly those log-probs.
 
 use std::{
     sync::Arc,
@@ -94,8 +99,8 @@ impl Assembly {
     pub fn finish(self, device: &Device) -> Result<Versioned, TransferError> {
         let version = self.update.version;
         let invalid = |message: String| TransferError::Invalid { version, message };
-        let header =
-            WeightsHeader::from_bytes(&self.update.header).map_err(|e| invalid(e.to_string()))?;
+        let (header, encoding) =
+            WeightsHeader::read(&self.update.header).map_err(|e| invalid(e.to_string()))?;
         if header.policy_version != version {
             return Err(invalid(format!(
                 "header says version {}, update says {version}",
@@ -107,7 +112,8 @@ impl Assembly {
         config
             .validate()
             .map_err(|e| invalid(format!("model config: {e}")))?;
-        let model = weights::decode(&header, self.payload, Transformer::init(&config, device))
+        let fresh = Transformer::init(&config, device);
+        let model = weights::decode_as(&header, encoding, self.payload, fresh)
             .map_err(|e| invalid(e.to_string()))?;
         Ok(Versioned {
             version,

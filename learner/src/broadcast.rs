@@ -1,5 +1,8 @@
 //! The newest published weights, shared with every subscriber.
 //!
+//! Weights go out in the learner's `broadcast_dtype`: f32, or bf16 at half
+//! the bytes (see `bapo_policy::weights`).
+//!
 //! Publishing replaces one slot (a `watch` channel): it never waits for a
 //! subscriber, so a slow or dead actor cannot hold the learner back, and a
 //! subscriber that falls behind skips straight to the newest version. The
@@ -16,7 +19,7 @@ use bapo_policy::{
     ModelConfig,
     burn::tensor::Bytes as BurnBytes,
     model::Transformer,
-    weights::{self, WeightsError},
+    weights::{self, Encoding, WeightsError},
 };
 use bytes::Bytes;
 use tokio::sync::watch;
@@ -74,18 +77,33 @@ impl WeightHub {
         self.incarnation
     }
 
-    /// Encodes `model` as `version` and makes it the newest.
+    /// Encodes `model` as `version`, its weights in f32, and makes it the
+    /// newest.
     pub fn publish(
         &self,
         model: &Transformer,
         config: &ModelConfig,
         version: u64,
     ) -> Result<Arc<Published>, WeightsError> {
-        let (header, payload) = weights::encode(model, version)?;
+        self.publish_as(model, config, version, Encoding::F32)
+    }
+
+    /// Encodes `model` as `version`, its float weights in `encoding` (the
+    /// learner's `broadcast_dtype`; `model` itself is unchanged), and
+    /// makes it the newest. The header names the encoding and its CRC32
+    /// covers the payload as sent.
+    pub fn publish_as(
+        &self,
+        model: &Transformer,
+        config: &ModelConfig,
+        version: u64,
+        encoding: Encoding,
+    ) -> Result<Arc<Published>, WeightsError> {
+        let (header, payload) = weights::encode_as(model, version, encoding)?;
         let published = Arc::new(Published {
             version,
             incarnation: self.incarnation,
-            header: Bytes::copy_from_slice(&header.to_bytes()),
+            header: Bytes::copy_from_slice(&header.to_bytes_as(encoding)),
             payload: to_bytes(payload),
             config_json: config.to_hf_json().to_string(),
             at: Instant::now(),

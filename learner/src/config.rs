@@ -1,6 +1,7 @@
 //! The `[learner]` table of the config file: the loss and its options, the
 //! optimiser, batching, and how often to broadcast, checkpoint and evaluate.
 
+use bapo_policy::weights::Encoding;
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -145,6 +146,16 @@ pub struct LearnerConfig {
     pub steps: u64,
     /// Publish weights every N steps.
     pub broadcast_every: u64,
+    /// How the broadcast carries the float weights: `f32`, or `bf16`
+    /// (each weight rounded to nearest even: half the bytes on the wire;
+    /// actors widen them back to their compute dtype). The learner keeps
+    /// and trains f32 master weights either way; checkpoints stay f32.
+    /// Under `bf16` the actors' behaviour log-probs are those of the
+    /// rounded weights, and the rollouts record exactly those, so the
+    /// importance ratio `π_θ / π_behav` (or TIS's `π_old / π_behav`)
+    /// already accounts for the rounding as a little more off-policyness
+    /// (see `bapo_policy::weights::Encoding::Bf16`).
+    pub broadcast_dtype: String,
     /// Checkpoint every N steps (and on shutdown); 0 only on shutdown.
     pub checkpoint_every: u64,
     /// Checkpoints kept on disk.
@@ -194,6 +205,7 @@ impl Default for LearnerConfig {
             vcpo: false,
             steps: 0,
             broadcast_every: 1,
+            broadcast_dtype: Encoding::F32.name().into(),
             checkpoint_every: 50,
             keep_checkpoints: 3,
             eval_every: 10,
@@ -252,6 +264,21 @@ impl LearnerConfig {
     pub fn estimator(&self) -> Estimator {
         self.advantage.unwrap_or_else(|| {
             registry::entry_of(&self.algo).map_or(Estimator::Grpo, |e| e.estimator)
+        })
+    }
+
+    /// The encoding of the weight broadcast (`broadcast_dtype`).
+    pub fn broadcast_encoding(&self) -> Result<Encoding, ConfigError> {
+        Encoding::from_name(&self.broadcast_dtype).ok_or_else(|| {
+            let known: Vec<_> = Encoding::ALL.iter().map(|e| e.name()).collect();
+            ConfigError::new(
+                "broadcast_dtype",
+                format!(
+                    "unknown dtype {:?} (known: {})",
+                    self.broadcast_dtype,
+                    known.join(", ")
+                ),
+            )
         })
     }
 
@@ -321,6 +348,7 @@ impl LearnerConfig {
         if self.broadcast_every == 0 {
             return bad("broadcast_every", "must be at least 1");
         }
+        self.broadcast_encoding()?;
         Ok(())
     }
 }
@@ -360,6 +388,29 @@ mod tests {
             assert!(e.to_string().starts_with(key), "{e}");
         }
         LearnerConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn the_broadcast_dtype_is_f32_or_bf16_and_nothing_else() {
+        let of = |dtype: &str| LearnerConfig {
+            broadcast_dtype: dtype.into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            LearnerConfig::default().broadcast_encoding(),
+            Ok(Encoding::F32)
+        );
+        assert_eq!(of("bf16").broadcast_encoding(), Ok(Encoding::Bf16));
+        of("bf16").validate().unwrap();
+        for bad in ["fp16", "BF16", "bfloat16", "f16", ""] {
+            refused(of(bad), "learner.broadcast_dtype", &[bad, "f32, bf16"]);
+        }
+        #[derive(Deserialize)]
+        struct File {
+            learner: LearnerConfig,
+        }
+        let f: File = toml_like(r#"{"learner": {"broadcast_dtype": "bf16"}}"#);
+        assert_eq!(f.learner.broadcast_encoding(), Ok(Encoding::Bf16));
     }
 
     fn with(algo: &str, proximal: Proximal, epochs: u32) -> LearnerConfig {

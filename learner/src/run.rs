@@ -387,7 +387,8 @@ async fn sample(client: &mut BatchSourceClient<AuthChannel>, groups: u32) -> Opt
 
 fn publish(hub: &WeightHub, t: &Trainer) -> anyhow::Result<()> {
     let policy = t.policy();
-    hub.publish(&policy.model, &policy.config, t.version())
+    let encoding = t.config().broadcast_encoding()?;
+    hub.publish_as(&policy.model, &policy.config, t.version(), encoding)
         .context("encoding weights for the broadcast")?;
     Ok(())
 }

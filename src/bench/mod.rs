@@ -11,6 +11,7 @@ mod latency;
 pub mod model;
 mod redis_streams;
 pub mod soak;
+pub mod weights;
 mod workload;
 
 use clap::Subcommand;
@@ -24,6 +25,9 @@ pub enum BenchCommand {
     /// The whole loop at full speed for minutes, watching every process's
     /// memory (not in CI).
     Soak(soak::SoakArgs),
+    /// One weight broadcast, f32 beside bf16: bytes per update, encode
+    /// and decode time.
+    Weights(weights::WeightsBenchArgs),
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -32,5 +36,8 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         // Compute-bound and synchronous: off the async workers.
         BenchCommand::Model(args) => tokio::task::spawn_blocking(move || model::run(args)).await?,
         BenchCommand::Soak(args) => soak::run(args).await,
+        BenchCommand::Weights(args) => {
+            tokio::task::spawn_blocking(move || weights::run(args)).await?
+        }
     }
 }
