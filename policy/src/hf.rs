@@ -95,6 +95,9 @@ pub fn load(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
                 .join(", "),
         });
     }
+    // Hub checkpoints are mostly bf16 (or f16): loaded as stored, then
+    // widened to the compute dtype the kernels expect.
+    let model = crate::weights::to_compute_dtype(model);
     Ok(Policy::with_model(config, model, device))
 }
 

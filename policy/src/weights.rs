@@ -299,6 +299,17 @@ pub fn decode_as(
     }
 }
 
+/// `model` with every float parameter in its device's compute dtype
+/// (weights loaded as stored: a bf16 or f16 checkpoint, widened exactly).
+pub fn to_compute_dtype(model: Transformer) -> Transformer {
+    model.map(&mut CastFloats {
+        to: None,
+        expect: None,
+        path: Vec::new(),
+        mismatch: None,
+    })
+}
+
 /// Casts every float parameter, optionally checking first that it has the
 /// dtype the payload announced.
 struct CastFloats {
