@@ -4,30 +4,21 @@
 
 mod common;
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use bapo_actor::{
-    ActorConfig, ActorOptions,
+    ActorConfig,
     subscription::{self, Assembly},
 };
 use bapo_buffer::BufferConfig;
-use bapo_learner::{
-    LearnerConfig, Trainer, broadcast::WeightHub, checkpoint, run::RunOptions, server,
-};
-use bapo_policy::{ModelConfig, Policy, burn::prelude::*, tokenizer::TextTokenizer};
+use bapo_learner::{LearnerConfig, broadcast::WeightHub, checkpoint};
+use bapo_policy::{Policy, burn::prelude::*};
 use bapo_proto::{
     packed,
     v1::{SampleRequest, StatsRequest, WeightUpdate},
 };
-use bapo_tasks::TaskSpec;
-use common::{TestBuffer, actor_config};
-use tokio::sync::{oneshot, watch};
-
-fn tiny(seed: u64) -> Policy {
-    let device = Device::flex();
-    device.seed(seed);
-    Policy::init(ModelConfig::preset("tiny").unwrap(), &device)
-}
+use common::{TestBuffer, actor_config, tiny, weight_server};
+use tokio::sync::watch;
 
 fn logits(p: &Policy) -> Vec<f32> {
     let t = Policy::tokens(&[vec![4, 5, 6]], &p.device());
@@ -38,43 +29,15 @@ fn logits(p: &Policy) -> Vec<f32> {
         .unwrap()
 }
 
-async fn weight_server(hub: WeightHub) -> (String, oneshot::Sender<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (tx, rx) = oneshot::channel::<()>();
-    tokio::spawn(server::serve(hub, listener, async {
-        let _ = rx.await;
-    }));
-    (format!("http://{addr}"), tx)
-}
-
 fn start_actor(
     cfg: ActorConfig,
     buffer: String,
     learner: String,
 ) -> (
     tokio::task::JoinHandle<anyhow::Result<bapo_actor::ActorSummary>>,
-    oneshot::Sender<()>,
+    tokio::sync::oneshot::Sender<()>,
 ) {
-    let task = Arc::from(bapo_tasks::build(&TaskSpec::default()).unwrap());
-    let (stop, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(bapo_actor::run(
-        cfg,
-        task,
-        Arc::new(TextTokenizer::char_level()),
-        ActorOptions {
-            buffer,
-            learner,
-            actor_id: "test-actor".into(),
-            device: Device::flex(),
-            tls: None,
-            reward: Default::default(),
-        },
-        async {
-            let _ = rx.await;
-        },
-    ));
-    (handle, stop)
+    common::spawn_actor(cfg, common::actor_options(&buffer, &learner, "test-actor"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -98,20 +61,7 @@ async fn learner_advances_and_the_actor_follows_its_weights() {
         checkpoint_every: 0,
         ..Default::default()
     };
-    let trainer = Trainer::new(cfg, tiny(1), 0).unwrap();
-    let learner = tokio::spawn(bapo_learner::run::run(
-        trainer,
-        hub.clone(),
-        RunOptions {
-            buffer: buffer_url.clone(),
-            tls: None,
-            out: out.path().to_path_buf(),
-            provenance: Default::default(),
-            eval: None,
-            export_final: false,
-        },
-        std::future::pending(),
-    ));
+    let learner = common::spawn_learner(cfg, hub.clone(), &buffer_url, out.path());
     let (actor, stop_actor) = start_actor(actor_config(4), buffer_url, learner_url.clone());
 
     let summary = tokio::time::timeout(Duration::from_secs(120), learner)

@@ -7,19 +7,16 @@
 
 mod common;
 
-use std::{path::Path, process::Stdio, sync::Arc, time::Duration};
+use std::{path::Path, process::Stdio, time::Duration};
 
 use bapo_actor::{ActorOptions, reward::RewardConfig};
 use bapo_buffer::BufferConfig;
-use bapo_learner::{LearnerConfig, Trainer, broadcast::WeightHub, run::RunOptions, server};
-use bapo_policy::{ModelConfig, Policy, burn::prelude::*, tokenizer::TextTokenizer};
+use bapo_learner::{LearnerConfig, broadcast::WeightHub};
 use bapo_proto::v1::{SampleRequest, StatsRequest};
-use bapo_tasks::TaskSpec;
-use common::{TestBuffer, actor_config};
+use common::{TestBuffer, actor_config, weight_server};
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
     process::{Child, Command},
-    sync::oneshot,
 };
 
 /// The reference server on `listen`, and the address it bound.
@@ -77,52 +74,20 @@ async fn the_loop_runs_on_a_python_reward_server_that_dies_and_comes_back() {
     .await;
     let buffer_url = format!("http://{}", buffer.addr);
     let hub = WeightHub::new();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let learner_url = format!("http://{}", listener.local_addr().unwrap());
-    let (_stop_server, rx) = oneshot::channel::<()>();
-    tokio::spawn(server::serve(hub.clone(), listener, async {
-        let _ = rx.await;
-    }));
+    let (learner_url, _stop_server) = weight_server(hub.clone()).await;
     let out = tempfile::tempdir().unwrap();
-    let device = Device::flex();
-    device.seed(1);
-    let trainer = Trainer::new(
-        LearnerConfig {
-            batch_groups: 1,
-            steps: 1_000_000,
-            lr: 1e-3,
-            eval_every: 0,
-            checkpoint_every: 0,
-            ..Default::default()
-        },
-        Policy::init(ModelConfig::preset("tiny").unwrap(), &device),
-        0,
-    )
-    .unwrap();
-    let learner = tokio::spawn(bapo_learner::run::run(
-        trainer,
-        hub,
-        RunOptions {
-            buffer: buffer_url.clone(),
-            tls: None,
-            out: out.path().to_path_buf(),
-            provenance: Default::default(),
-            eval: None,
-            export_final: false,
-        },
-        std::future::pending(),
-    ));
-    let (stop_actor, rx) = oneshot::channel::<()>();
-    let actor = tokio::spawn(bapo_actor::run(
+    let cfg = LearnerConfig {
+        batch_groups: 1,
+        steps: 1_000_000,
+        lr: 1e-3,
+        eval_every: 0,
+        checkpoint_every: 0,
+        ..Default::default()
+    };
+    let learner = common::spawn_learner(cfg, hub, &buffer_url, out.path());
+    let (actor, stop_actor) = common::spawn_actor(
         actor_config(4),
-        Arc::from(bapo_tasks::build(&TaskSpec::default()).unwrap()),
-        Arc::new(TextTokenizer::char_level()),
         ActorOptions {
-            buffer: buffer_url,
-            learner: learner_url,
-            actor_id: "scored-remotely".into(),
-            device: Device::flex(),
-            tls: None,
             reward: RewardConfig {
                 endpoint: format!("grpc://{addr}"),
                 timeout_ms: 5_000,
@@ -130,11 +95,9 @@ async fn the_loop_runs_on_a_python_reward_server_that_dies_and_comes_back() {
                 backoff_ms: 100,
                 ..Default::default()
             },
+            ..common::actor_options(&buffer_url, &learner_url, "scored-remotely")
         },
-        async {
-            let _ = rx.await;
-        },
-    ));
+    );
 
     // The learner trains on groups the server scored.
     let mut source = buffer.source().await;

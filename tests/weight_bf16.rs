@@ -9,35 +9,22 @@ mod common;
 
 use std::{sync::Arc, time::Duration};
 
-use bapo_actor::{
-    ActorOptions,
-    subscription::{self, Assembly, TransferError},
-};
+use bapo_actor::subscription::{self, Assembly, TransferError};
 use bapo_buffer::BufferConfig;
-use bapo_learner::{
-    LearnerConfig, Trainer, broadcast::WeightHub, checkpoint, run::RunOptions, server,
-};
+use bapo_learner::{LearnerConfig, broadcast::WeightHub, checkpoint};
 use bapo_policy::{
-    ModelConfig, Policy,
+    Policy,
     burn::{
         module::{Module, ModuleVisitor, Param},
         prelude::*,
         tensor::{DType, FloatDType},
     },
-    tokenizer::TextTokenizer,
     weights::{Encoding, WeightsHeader},
 };
 use bapo_proto::v1::{StatsRequest, WeightUpdate};
-use bapo_tasks::TaskSpec;
-use common::{TestBuffer, actor_config};
+use common::{TestBuffer, actor_config, tiny, weight_server};
 use half::bf16;
-use tokio::sync::{oneshot, watch};
-
-fn tiny(seed: u64) -> Policy {
-    let device = Device::flex();
-    device.seed(seed);
-    Policy::init(ModelConfig::preset("tiny").unwrap(), &device)
-}
+use tokio::sync::watch;
 
 /// Every float parameter: path, dtype, values as f32.
 #[derive(Default)]
@@ -92,16 +79,6 @@ fn logits(p: &Policy) -> Vec<f32> {
         .into_data()
         .try_into_vec()
         .unwrap()
-}
-
-async fn weight_server(hub: WeightHub) -> (String, oneshot::Sender<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (tx, rx) = oneshot::channel::<()>();
-    tokio::spawn(server::serve(hub, listener, async {
-        let _ = rx.await;
-    }));
-    (format!("http://{addr}"), tx)
 }
 
 /// An actor's weight subscription to `url`; the cell it fills.
@@ -243,38 +220,11 @@ async fn a_learner_broadcasting_bf16_trains_and_its_actor_follows() {
         ..Default::default()
     };
     cfg.validate().unwrap();
-    let trainer = Trainer::new(cfg, tiny(1), 0).unwrap();
-    let learner = tokio::spawn(bapo_learner::run::run(
-        trainer,
-        hub.clone(),
-        RunOptions {
-            buffer: buffer_url.clone(),
-            tls: None,
-            out: out.path().to_path_buf(),
-            provenance: Default::default(),
-            eval: None,
-            export_final: false,
-        },
-        std::future::pending(),
-    ));
-    let task = Arc::from(bapo_tasks::build(&TaskSpec::default()).unwrap());
-    let (stop_actor, stop_rx) = oneshot::channel::<()>();
-    let actor = tokio::spawn(bapo_actor::run(
+    let learner = common::spawn_learner(cfg, hub.clone(), &buffer_url, out.path());
+    let (actor, stop_actor) = common::spawn_actor(
         actor_config(4),
-        task,
-        Arc::new(TextTokenizer::char_level()),
-        ActorOptions {
-            buffer: buffer_url,
-            learner: learner_url.clone(),
-            actor_id: "bf16-actor".into(),
-            device: Device::flex(),
-            tls: None,
-            reward: Default::default(),
-        },
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
+        common::actor_options(&buffer_url, &learner_url, "bf16-actor"),
+    );
 
     let summary = tokio::time::timeout(Duration::from_secs(120), learner)
         .await

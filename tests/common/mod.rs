@@ -140,3 +140,85 @@ pub fn actor_config(k: usize) -> bapo_actor::ActorConfig {
         ..Default::default()
     }
 }
+
+/// The tiny preset with weights drawn from `seed`.
+pub fn tiny(seed: u64) -> bapo_policy::Policy {
+    use bapo_policy::burn::prelude::*;
+    let device = Device::flex();
+    device.seed(seed);
+    bapo_policy::Policy::init(bapo_policy::ModelConfig::preset("tiny").unwrap(), &device)
+}
+
+/// A plaintext weight server for `hub` on a loopback port; stops when the
+/// sender is dropped.
+pub async fn weight_server(
+    hub: bapo_learner::broadcast::WeightHub,
+) -> (String, oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    tokio::spawn(bapo_learner::server::serve(hub, listener, async {
+        let _ = rx.await;
+    }));
+    (format!("http://{addr}"), tx)
+}
+
+/// A plaintext learner run of `cfg` on the tiny model (seed 1) against
+/// the buffer at `buffer`, publishing to `hub`, writing into `out`.
+pub fn spawn_learner(
+    cfg: bapo_learner::LearnerConfig,
+    hub: bapo_learner::broadcast::WeightHub,
+    buffer: &str,
+    out: &std::path::Path,
+) -> JoinHandle<anyhow::Result<bapo_learner::run::RunSummary>> {
+    let trainer = bapo_learner::Trainer::new(cfg, tiny(1), 0).unwrap();
+    tokio::spawn(bapo_learner::run::run(
+        trainer,
+        hub,
+        bapo_learner::run::RunOptions {
+            buffer: buffer.to_string(),
+            tls: None,
+            out: out.to_path_buf(),
+            provenance: Default::default(),
+            eval: None,
+            export_final: false,
+        },
+        std::future::pending(),
+    ))
+}
+
+/// A plaintext actor of `cfg` on the default task (arith) with the
+/// character tokenizer; stops (after its grace period) when the sender
+/// fires or is dropped.
+pub fn spawn_actor(
+    cfg: bapo_actor::ActorConfig,
+    opts: bapo_actor::ActorOptions,
+) -> (
+    JoinHandle<anyhow::Result<bapo_actor::ActorSummary>>,
+    oneshot::Sender<()>,
+) {
+    let task = std::sync::Arc::from(bapo_tasks::build(&Default::default()).unwrap());
+    let (stop, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(bapo_actor::run(
+        cfg,
+        task,
+        std::sync::Arc::new(bapo_policy::tokenizer::TextTokenizer::char_level()),
+        opts,
+        async {
+            let _ = rx.await;
+        },
+    ));
+    (handle, stop)
+}
+
+/// Plaintext actor options: `buffer` and `learner` URLs, built-in rewards.
+pub fn actor_options(buffer: &str, learner: &str, id: &str) -> bapo_actor::ActorOptions {
+    bapo_actor::ActorOptions {
+        buffer: buffer.to_string(),
+        learner: learner.to_string(),
+        actor_id: id.into(),
+        device: bapo_policy::burn::prelude::Device::flex(),
+        tls: None,
+        reward: Default::default(),
+    }
+}
