@@ -45,11 +45,12 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<LocalRunSummary> {
     let config_path = out.join("config.toml");
     std::fs::write(&config_path, cfg.to_toml()?)?;
     let warm = evaluate(&cfg, &config_path, model_dir).await?;
+    let pass = warm
+        .pass_at_k
+        .map_or(String::new(), |p| format!(", pass@{} {p:.3}", warm.k));
     eprintln!(
-        "warm-start held-out accuracy: greedy {:.3}, pass@{} {:.3}",
-        warm.greedy_accuracy,
-        warm.k,
-        warm.pass_at_k.unwrap_or(f64::NAN)
+        "warm-start held-out accuracy: greedy {:.3}{pass}",
+        warm.greedy_accuracy
     );
 
     // 2. Services, followed until the learner finishes.
