@@ -1,6 +1,6 @@
 //! The learner, an actor and the buffer as real gRPC services on loopback:
-//! versions advance, weights reach the actor, everything the actor pushes
-//! is accepted, and a buffer restart costs no finished group.
+//! versions advance, weights reach the actor, nothing the actor pushes is
+//! refused except as stale, and a buffer restart costs no finished group.
 
 mod common;
 
@@ -79,7 +79,11 @@ async fn learner_advances_and_the_actor_follows_its_weights() {
         .unwrap()
         .into_inner();
     assert_eq!(stats.learner_version, 3);
-    assert_eq!(stats.rollouts_rejected, 0, "{stats:?}");
+    // A group the actor started before a broadcast may arrive stale on a
+    // loaded machine (seen once in CI: a version-0 group at version 3);
+    // nothing may be refused for any other reason.
+    let stale = stats.rejections.get("stale").copied().unwrap_or(0);
+    assert_eq!(stats.rollouts_rejected, stale, "{stats:?}");
     assert_eq!(stats.group_samples, 6);
 
     // Groups made after the first broadcast carry newer versions: the
