@@ -41,3 +41,16 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         }
     }
 }
+
+/// A model of a `--configs` list: a preset name, or the path of a HF
+/// `config.json` (a real model's shape, e.g. SmolLM2's).
+pub(crate) fn model_config(name: &str) -> anyhow::Result<bapo_policy::ModelConfig> {
+    use anyhow::Context;
+    let name = name.trim();
+    let path = std::path::Path::new(name);
+    if path.is_file() {
+        Ok(bapo_policy::ModelConfig::from_hf_json(path)?)
+    } else {
+        bapo_policy::ModelConfig::preset(name).with_context(|| format!("--configs: {name:?}"))
+    }
+}

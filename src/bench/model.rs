@@ -23,7 +23,7 @@ use serde_json::Value;
 
 #[derive(Debug, Args)]
 pub struct ModelBenchArgs {
-    /// Presets to measure.
+    /// Presets to measure, or paths of HF `config.json` files.
     #[arg(long, default_value = "tiny,small")]
     pub configs: String,
     /// Training batch (sequences) and length (tokens).
@@ -239,7 +239,7 @@ fn bench_preset(
     python: Option<&PathBuf>,
     sgemm: f64,
 ) -> anyhow::Result<()> {
-    let c = ModelConfig::preset(name.trim())?;
+    let c = super::model_config(name)?;
     println!(
         "\n== {name}: {:.2} M parameters, d_model {}, {} layers, {}/{} heads, vocab {} ==",
         c.num_params() as f64 / 1e6,

@@ -6,9 +6,8 @@
 //! fresh model). The gRPC transfer itself is not included: it is the
 //! bytes, times the subscribers, over the link's rate.
 
-use std::{path::Path, time::Instant};
+use std::time::Instant;
 
-use anyhow::Context;
 use bapo_policy::{
     ModelConfig,
     burn::prelude::*,
@@ -25,15 +24,6 @@ pub struct WeightsBenchArgs {
     /// Timed repetitions of each encode and decode (the median is shown).
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
-}
-
-fn config(name: &str) -> anyhow::Result<ModelConfig> {
-    let name = name.trim();
-    if Path::new(name).is_file() {
-        Ok(ModelConfig::from_hf_json(Path::new(name))?)
-    } else {
-        ModelConfig::preset(name).with_context(|| format!("--configs: {name:?}"))
-    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -112,7 +102,7 @@ pub fn run(a: WeightsBenchArgs) -> anyhow::Result<()> {
         a.reps
     );
     for name in a.configs.split(',') {
-        let c = config(name)?;
+        let c = super::model_config(name)?;
         let n = c.num_params();
         println!(
             "\n== {}: {:.2} M parameters, d_model {}, {} layers, vocab {} ==",
