@@ -8,6 +8,10 @@
 //! The learner is killed more than `max_staleness + 1` versions past its
 //! last checkpoint: the case that froze the whole system before learner
 //! incarnations (docs/architecture.md, "Failure model").
+//!
+//! Every connection is mutual TLS with per-role certificates, as deployed:
+//! restarted processes handshake again and reconnecting clients go through
+//! the same authorization.
 
 use std::{
     net::TcpListener,
@@ -16,7 +20,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bapo_proto::v1::{Stats, StatsRequest, batch_source_client::BatchSourceClient};
+use bapo_proto::{
+    tls::{self, ClientTls, TlsFiles, pki},
+    v1::{Stats, StatsRequest, batch_source_client::BatchSourceClient},
+};
 
 const CHECKPOINT_EVERY: u64 = 10;
 const MAX_STALENESS: u64 = 1;
@@ -61,6 +68,9 @@ fn free_port() -> u16 {
 /// The processes of one loop and the flags each is (re)started with.
 struct Cluster {
     dir: PathBuf,
+    /// Certificates by process name (`buffer`, `learner`, `actor-0`...,
+    /// `admin`), of one per-test CA.
+    certs: std::collections::BTreeMap<String, TlsFiles>,
     buffer_port: u16,
     learner_port: u16,
     buffer: Option<Child>,
@@ -71,8 +81,27 @@ struct Cluster {
 impl Cluster {
     fn new(dir: &Path) -> Self {
         std::fs::write(dir.join("bapo.toml"), config()).unwrap();
+        tls::install_default_provider();
+        let ca = pki::Ca::new("chaos.test").unwrap();
+        let opts = pki::Options {
+            hosts: vec!["localhost".into(), "127.0.0.1".into()],
+            valid: None,
+        };
+        let mut certs = std::collections::BTreeMap::new();
+        for (name, id) in [
+            ("buffer", "buffer"),
+            ("learner", "learner"),
+            ("actor-0", "actor/actor-0"),
+            ("actor-1", "actor/actor-1"),
+            ("admin", "admin"),
+        ] {
+            let issued = ca.issue(id, &opts).unwrap();
+            let files = ca.write(&dir.join("tls"), name, &issued).unwrap();
+            certs.insert(name.to_string(), files);
+        }
         Self {
             dir: dir.to_path_buf(),
+            certs,
             buffer_port: free_port(),
             learner_port: free_port(),
             buffer: None,
@@ -96,16 +125,23 @@ impl Cluster {
             .unwrap()
     }
 
-    fn config_arg(&self) -> [String; 2] {
+    /// The config file and the TLS flags of process `name`.
+    fn common_args(&self, name: &str) -> Vec<String> {
+        let f = &self.certs[name];
         [
-            "--config".into(),
-            self.dir.join("bapo.toml").display().to_string(),
+            ("--config", self.dir.join("bapo.toml")),
+            ("--tls-cert", f.cert.clone()),
+            ("--tls-key", f.key.clone()),
+            ("--tls-ca", f.ca.clone()),
         ]
+        .into_iter()
+        .flat_map(|(flag, path)| [flag.to_string(), path.display().to_string()])
+        .collect()
     }
 
     fn start_buffer(&mut self) {
         let mut args = vec!["buffer".to_string()];
-        args.extend(self.config_arg());
+        args.extend(self.common_args("buffer"));
         args.extend([
             "--listen".into(),
             format!("127.0.0.1:{}", self.buffer_port),
@@ -117,10 +153,10 @@ impl Cluster {
 
     fn start_learner(&mut self) {
         let mut args = vec!["learner".to_string()];
-        args.extend(self.config_arg());
+        args.extend(self.common_args("learner"));
         args.extend([
             "--buffer".into(),
-            format!("http://127.0.0.1:{}", self.buffer_port),
+            format!("https://127.0.0.1:{}", self.buffer_port),
             "--listen".into(),
             format!("127.0.0.1:{}", self.learner_port),
             "--out".into(),
@@ -132,12 +168,12 @@ impl Cluster {
 
     fn start_actor(&mut self, i: usize) {
         let mut args = vec!["actor".to_string()];
-        args.extend(self.config_arg());
+        args.extend(self.common_args(&format!("actor-{i}")));
         args.extend([
             "--buffer".into(),
-            format!("http://127.0.0.1:{}", self.buffer_port),
+            format!("https://127.0.0.1:{}", self.buffer_port),
             "--learner".into(),
-            format!("http://127.0.0.1:{}", self.learner_port),
+            format!("https://127.0.0.1:{}", self.learner_port),
             "--actor-id".into(),
             format!("actor-{i}"),
         ]);
@@ -186,10 +222,16 @@ fn kill9(child: &mut Option<Child>) {
     c.wait().unwrap();
 }
 
-async fn stats(port: u16) -> Option<Stats> {
-    let mut client = BatchSourceClient::connect(format!("http://127.0.0.1:{port}"))
+/// The buffer's stats, read with the admin certificate.
+async fn stats(c: &Cluster) -> Option<Stats> {
+    let admin = ClientTls::mtls(c.certs["admin"].clone());
+    let url = format!("https://127.0.0.1:{}", c.buffer_port);
+    let channel = tls::connector(&url, Some(&admin))
+        .ok()?
+        .connect()
         .await
         .ok()?;
+    let mut client = BatchSourceClient::new(channel);
     let s = client.get_stats(StatsRequest {}).await.ok()?;
     Some(s.into_inner())
 }
@@ -205,7 +247,7 @@ async fn wait_for(
     let mut last = None;
     while Instant::now() < deadline {
         c.check_alive();
-        if let Some(s) = stats(c.buffer_port).await {
+        if let Some(s) = stats(c).await {
             if ok(&s) {
                 return s;
             }
@@ -309,7 +351,7 @@ async fn the_loop_survives_kill_9_of_each_process() {
         kill9(a);
     }
     kill9(&mut c.learner);
-    let s = stats(c.buffer_port).await.expect("buffer stats");
+    let s = stats(&c).await.expect("buffer stats");
     let evicted: u64 = s.evictions.values().sum();
     assert_eq!(
         s.groups_admitted,
