@@ -25,7 +25,7 @@ pub const RAW_TEMPLATE: &str = "Question: {question}\nAnswer:";
 pub const CHAT_TEMPLATE: &str = "{question}";
 
 /// Where the question (and the instruction after it) goes in a template.
-pub const PLACEHOLDER: &str = "{question}";
+pub const QUESTION_SLOT: &str = "{question}";
 
 /// Key of the held-out hash. It spells "jsonl_ho" because the jsonl task had
 /// it first: changing it would reshuffle every existing split, and sharing
@@ -44,7 +44,7 @@ pub struct FileOptions {
     pub seed: u64,
     /// The fraction of records held out for evaluation, in [0, 1).
     pub eval_fraction: f64,
-    /// The prompt with [`PLACEHOLDER`]; `None` = [`RAW_TEMPLATE`] or
+    /// The prompt with [`QUESTION_SLOT`]; `None` = [`RAW_TEMPLATE`] or
     /// [`CHAT_TEMPLATE`] by `format`.
     pub template: Option<String>,
     /// Added on a line of its own after the question, inside the template,
@@ -95,10 +95,10 @@ impl FileOptions {
             });
         }
         let template = self.template();
-        if !template.contains(PLACEHOLDER) {
+        if !template.contains(QUESTION_SLOT) {
             return Err(TaskError::InvalidSpec {
                 field: "template",
-                reason: format!("{template:?} has no {PLACEHOLDER}"),
+                reason: format!("{template:?} has no {QUESTION_SLOT}"),
             });
         }
         if self
@@ -115,13 +115,13 @@ impl FileOptions {
     }
 
     /// The prompt of a question: the instruction joins the question, and
-    /// both fill the placeholder.
+    /// both go into the template's `{question}` slot.
     fn prompt(&self, question: &str) -> String {
         let filled = match &self.instruction {
             Some(instruction) => format!("{question}\n{instruction}"),
             None => question.to_string(),
         };
-        self.template().replace(PLACEHOLDER, &filled)
+        self.template().replace(QUESTION_SLOT, &filled)
     }
 
     /// The warm-up completion of a prompt. A raw prompt is continued as
@@ -414,7 +414,7 @@ mod tests {
         assert!(err.to_string().contains("instruction"), "{err}");
         let mut chat = options;
         chat.format = PromptFormat::Chat;
-        chat.template = Some("no placeholder".into());
+        chat.template = Some("no question slot".into());
         let err = split("{\"q\": \"x\"}", &chat).err().unwrap();
         assert!(err.to_string().contains("template"), "{err}");
     }

@@ -22,7 +22,7 @@ use super::{Problem, Task, TaskError};
 pub const DEFAULT_TEMPLATE: &str = super::dataset::RAW_TEMPLATE;
 
 /// Where the question goes in a template.
-pub const PLACEHOLDER: &str = super::dataset::PLACEHOLDER;
+pub const QUESTION_SLOT: &str = super::dataset::QUESTION_SLOT;
 
 /// The record fields read when the spec names none.
 pub const QUESTION_FIELD: &str = "question";
@@ -246,7 +246,7 @@ mod tests {
         assert_eq!(order(1), order(1));
         assert!((0..20).any(|s| order(s) != order(0)), "the seed shuffles");
 
-        let err = Jsonl::load(f.path(), 0, 0.0, "no placeholder").unwrap_err();
+        let err = Jsonl::load(f.path(), 0, 0.0, "no question slot").unwrap_err();
         assert!(err.to_string().contains("template"), "{err}");
         for bad in [1.0, -0.1, f64::NAN] {
             let err = Jsonl::load(f.path(), 0, bad, DEFAULT_TEMPLATE).unwrap_err();
