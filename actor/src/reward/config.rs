@@ -87,14 +87,6 @@ pub enum RewardConfigError {
     FormatBonus,
 }
 
-fn is_loopback(host: &str) -> bool {
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
 impl RewardConfig {
     /// Checks the table against the task it scores and the shaping laid
     /// on top, and says where rewards come from.
@@ -129,7 +121,7 @@ impl RewardConfig {
         if !tls && self.server_name.is_some() {
             return Err(RewardConfigError::TlsOnly("server_name"));
         }
-        if !tls && !self.insecure && !is_loopback(host) {
+        if !tls && !self.insecure && !bapo_proto::tls::is_loopback_url(&self.endpoint) {
             return Err(RewardConfigError::Plaintext(self.endpoint.clone()));
         }
         if format_bonus != 0.0 {
