@@ -175,6 +175,34 @@ mod tests {
     }
 
     #[test]
+    fn a_saved_tokenizer_carries_its_chat_template_along() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("model");
+        std::fs::create_dir_all(&src).unwrap();
+        TextTokenizer::char_level()
+            .save(&src.join("tokenizer.json"))
+            .unwrap();
+        let config = r#"{"chat_template": "[{{ messages[0].content }}]"}"#;
+        std::fs::write(src.join("tokenizer_config.json"), config).unwrap();
+        let loaded = TextTokenizer::from_file(&src.join("tokenizer.json")).unwrap();
+        let run = dir.path().join("run");
+        std::fs::create_dir_all(&run).unwrap();
+        loaded.save(&run.join("tokenizer.json")).unwrap();
+        let again = TextTokenizer::from_file(&run.join("tokenizer.json")).unwrap();
+        let chat = again
+            .chat_template()
+            .unwrap()
+            .expect("the template came along");
+        assert_eq!(chat.render(None, "hi").unwrap(), "[hi]");
+        assert!(
+            TextTokenizer::char_level()
+                .chat_template()
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
     fn the_shipped_char_tokenizer_is_the_built_one() {
         let shipped = crate::crate_dir().join("assets/char-tokenizer.json");
         let tmp = tempfile::tempdir().unwrap();

@@ -106,3 +106,19 @@ pub fn load_model_dir(dir: &Path, device: &Device) -> anyhow::Result<(Policy, Te
         dir.display()
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chat_task_without_a_template_is_refused_at_start() {
+        let spec = TaskSpec {
+            prompt_format: PromptFormat::Chat,
+            ..Default::default()
+        };
+        let e = task(&spec, &TextTokenizer::char_level()).err().unwrap();
+        assert!(format!("{e:#}").contains("no chat_template"), "{e:#}");
+        assert!(task(&TaskSpec::default(), &TextTokenizer::char_level()).is_ok());
+    }
+}
