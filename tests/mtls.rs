@@ -26,9 +26,9 @@ use bapo_proto::{
         pki::{Ca, Options},
     },
     v1::{
-        PushAck, Rollout, SampleRequest, StatsRequest, SubscribeRequest, VersionReport,
-        batch_source_client::BatchSourceClient, rollout_sink_client::RolloutSinkClient,
-        weight_source_client::WeightSourceClient,
+        LeaseRequest, PushAck, Rollout, SampleRequest, StatsRequest, SubscribeRequest,
+        VersionReport, batch_source_client::BatchSourceClient,
+        rollout_sink_client::RolloutSinkClient, weight_source_client::WeightSourceClient,
     },
 };
 use bapo_tasks::TaskSpec;
@@ -240,10 +240,18 @@ async fn each_role_calls_its_own_methods_only() {
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("role learner"), "{}", e.message());
+    // Nor lease room for a group.
+    let lease = LeaseRequest {
+        group_id: "g-a".into(),
+    };
+    let e = learner_sink.lease(lease.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("Lease"), "{}", e.message());
 
-    // The actor may, and what it declares as its id is replaced by the
-    // certificate's identity.
+    // The actor may (its lease becomes the group it pushes), and what it
+    // declares as its id is replaced by the certificate's identity.
     let mut sink = RolloutSinkClient::new(connect(&url, Some(&actor)).await.unwrap());
+    assert!(sink.lease(lease).await.unwrap().into_inner().granted);
     let mut group = common::group("g-a", 2, 0);
     for r in &mut group {
         r.actor_id = "somebody-else".into();

@@ -36,6 +36,15 @@ pub struct ActorConfig {
     /// id, the slot and `sampling.seed`: runs then differ even with the
     /// same seed. Off, the same seed reproduces the same rollouts.
     pub os_entropy: bool,
+    /// Ask the buffer for room (a lease) before generating each group, so
+    /// that the staleness bound holds the actor back before it generates
+    /// rather than after; off, or against a buffer without leases, groups
+    /// are admitted when pushed.
+    pub lease: bool,
+    /// With a lease, how long to wait for weights at least as new as the
+    /// learner version it was granted under before generating with older
+    /// ones anyway (a learner that is down must not stop the actor).
+    pub lease_weight_wait_s: f64,
 }
 
 impl Default for ActorConfig {
@@ -59,6 +68,8 @@ impl Default for ActorConfig {
             shutdown_grace_s: 10.0,
             max_groups: 0,
             os_entropy: false,
+            lease: true,
+            lease_weight_wait_s: 60.0,
         }
     }
 }
@@ -76,6 +87,8 @@ pub enum ConfigError {
          behaviour distribution to weight by)"
     )]
     Temperature(f32),
+    #[error("actor.lease_weight_wait_s = {0} must be a finite number of seconds >= 0")]
+    LeaseWeightWait(f64),
     #[error(
         "actor.sampling.top_k = {0}: truncated sampling records the log-prob of the \
          untruncated distribution, which no learner reproduces; set 0 to train on \
@@ -109,6 +122,9 @@ impl ActorConfig {
         }
         if s.top_p < 1.0 {
             return Err(ConfigError::TopP(s.top_p));
+        }
+        if !(self.lease_weight_wait_s.is_finite() && self.lease_weight_wait_s >= 0.0) {
+            return Err(ConfigError::LeaseWeightWait(self.lease_weight_wait_s));
         }
         Ok(())
     }
@@ -146,6 +162,10 @@ mod tests {
         );
         assert_eq!(with(|c| c.group_size = 0), Err(ConfigError::GroupSize));
         assert_eq!(with(|c| c.concurrency = 0), Err(ConfigError::Concurrency));
+        assert_eq!(
+            with(|c| c.lease_weight_wait_s = -1.0),
+            Err(ConfigError::LeaseWeightWait(-1.0))
+        );
         let msg = with(|c| c.sampling.top_p = 0.9).unwrap_err().to_string();
         assert!(msg.contains("actor.sampling.top_p"), "{msg}");
     }

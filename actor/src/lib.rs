@@ -4,10 +4,13 @@
 //! generates K responses per prompt on several threads ([`rollout`]),
 //! scores them with the task's verifier or a reward service ([`reward`]),
 //! and pushes each group to the
-//! buffer ([`push`]), waiting whenever the buffer holds it back.
+//! buffer ([`push`]), waiting whenever the buffer holds it back. Before
+//! generating a group it leases room for it ([`lease`]), so the buffer's
+//! staleness bound holds it back before it generates, not after.
 
 pub mod backoff;
 pub mod config;
+pub mod lease;
 pub mod metrics;
 pub mod push;
 pub mod reward;

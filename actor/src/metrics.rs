@@ -17,6 +17,9 @@ pub const REWARD_SECONDS: &str = "bapo_actor_reward_seconds";
 pub const REWARD_ERRORS: &str = "bapo_actor_reward_errors_total";
 pub const REWARD_GROUPS_DROPPED: &str = "bapo_actor_reward_groups_dropped_total";
 pub const REWARD_SUB_SCORE: &str = "bapo_actor_reward_sub_score";
+pub const LEASE_WAIT_SECONDS: &str = "bapo_actor_lease_wait_seconds";
+pub const LEASE_WEIGHT_WAIT_SECONDS: &str = "bapo_actor_lease_weight_wait_seconds";
+pub const LEASE_WEIGHT_TIMEOUTS: &str = "bapo_actor_lease_weight_timeouts_total";
 
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
@@ -77,5 +80,19 @@ pub fn describe() {
     describe_histogram!(
         REWARD_SUB_SCORE,
         "Named sub-scores a reward service returns (format, correctness...), by name"
+    );
+    describe_histogram!(
+        LEASE_WAIT_SECONDS,
+        Unit::Seconds,
+        "Per group, from the first lease request to the buffer's grant"
+    );
+    describe_histogram!(
+        LEASE_WEIGHT_WAIT_SECONDS,
+        Unit::Seconds,
+        "Per leased group, from the grant to weights at least as new as its learner version"
+    );
+    describe_counter!(
+        LEASE_WEIGHT_TIMEOUTS,
+        "Leased groups generated with older weights after lease_weight_wait_s (learner down?)"
     );
 }

@@ -1,5 +1,6 @@
 //! An actor: follow the learner's weights, generate groups on
-//! `concurrency` threads, push them to the buffer, until stopped.
+//! `concurrency` threads (each leased from the buffer first, see
+//! `lease.rs`), push them to the buffer, until stopped.
 //!
 //! On shutdown the slots stop taking new prompts; groups in flight get
 //! `shutdown_grace_s` to finish and be pushed, then are aborted.
@@ -30,7 +31,9 @@ use rand::{Rng, SeedableRng, rngs::SmallRng};
 use tokio::sync::watch;
 
 use crate::{
-    ActorConfig, metrics as names,
+    ActorConfig,
+    lease::{Admitted, Leasing, Stop},
+    metrics as names,
     push::push_group,
     reward::{self, Retry, RewardConfig, Verifier, score_group},
     rollout::{Origin, Outcome, Packing, completions, follow_cell, generate, pack},
@@ -78,6 +81,12 @@ pub async fn run(
         .with_context(|| format!("buffer address {:?}", opts.buffer))?
         .connect_lazy();
     let client = RolloutSinkClient::new(channel);
+    let leasing = cfg.lease.then(|| {
+        Leasing::new(
+            client.clone(),
+            Duration::from_secs_f64(cfg.lease_weight_wait_s),
+        )
+    });
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (abort_tx, abort_rx) = watch::channel(false);
@@ -108,6 +117,7 @@ pub async fn run(
             stop_tokens: stop_tokens.clone(),
             cell: cell_rx.clone(),
             client: client.clone(),
+            leasing: leasing.clone(),
             abort_rx: abort_rx.clone(),
             abort: abort_flag.clone(),
             stopping: stopping.clone(),
@@ -215,6 +225,8 @@ struct Slot {
     stop_tokens: Vec<u32>,
     cell: PolicyCell,
     client: RolloutSinkClient<tls::AuthChannel>,
+    /// `None` with `lease = false`.
+    leasing: Option<Arc<Leasing>>,
     abort_rx: watch::Receiver<bool>,
     abort: Arc<AtomicBool>,
     stopping: Arc<AtomicBool>,
@@ -280,6 +292,12 @@ impl Slot {
             }
             let group_id = format!("{}-{n}", self.prefix);
             n += 1;
+            let lease = match self.admit(&group_id) {
+                Admitted::Stopped => return Ok(()),
+                a => a,
+            };
+            // The newest weights: a lease may have waited for them.
+            let start = self.cell.borrow_and_update().clone().unwrap_or(start);
             params.seed = rng.random();
             let t0 = Instant::now();
             let (responses, incarnation) = match generate(
@@ -326,6 +344,8 @@ impl Slot {
                 histogram!(names::REWARD).record(r.reward as f64);
                 histogram!(names::RESPONSE_TOKENS).record((r.response_tokens.len() / 4) as f64);
             }
+            // The group's first rollout takes the lease's place.
+            drop(lease);
             let mut client = self.client.clone();
             let mut abort = self.abort_rx.clone();
             match self
@@ -354,6 +374,20 @@ impl Slot {
 }
 
 impl Slot {
+    /// Leases room for `group_id` in the buffer before it is generated
+    /// (see `lease.rs`), unless leases are off.
+    fn admit(&self, group_id: &str) -> Admitted {
+        let Some(leasing) = &self.leasing else {
+            return Admitted::Unleased;
+        };
+        let mut stop = Stop {
+            abort: self.abort_rx.clone(),
+            stopping: &self.stopping,
+        };
+        self.handle
+            .block_on(leasing.admit(group_id, &self.cell, &mut stop))
+    }
+
     /// Scores a group's responses (retrying failed calls); `None` when
     /// aborted meanwhile.
     fn score(

@@ -6,7 +6,7 @@
 //! calls one list instead of branching on settings:
 //!
 //! * the staleness bound, as in AReaL: every group the learner will train on
-//!   (already consumed + held + in flight) must fit into
+//!   (already consumed + held + leased, i.e. being generated) must fit into
 //!   `(max_staleness + version + 1) * batch_groups`. Consumed groups count
 //!   because the learner consumes one batch per version: with `r` groups
 //!   consumed at version `v ≈ r / batch_groups`, the bound leaves room for
@@ -21,6 +21,12 @@
 //!
 //! A group that fails one waits (backpressure); evicted groups leave the
 //! ledger and free room, so actors regenerate fresh data instead.
+//!
+//! The same rules grant *leases* (`lease.rs`): room an actor reserves for a
+//! group before generating it, so that it waits before generating rather
+//! than after, when its group would go stale at the door. A lease counts
+//! as a held group until its group arrives (then it is one, admitted
+//! without a second check) or it expires.
 
 use crate::{config::BufferConfig, rate_limit::RateLimiter};
 
@@ -31,6 +37,9 @@ pub struct Ledger {
     pub consumed: u64,
     /// Groups held: pending (assembling) plus ready.
     pub held: u64,
+    /// Outstanding leases: groups admitted before they were generated,
+    /// whose first rollout has not arrived yet.
+    pub leased: u64,
     /// Groups ever admitted, for the replay rate limiter.
     pub inserted: u64,
     /// Group draws handed to the learner, for the replay rate limiter.
@@ -45,7 +54,13 @@ pub struct Ledger {
 impl Ledger {
     /// Groups counted against the staleness bound.
     pub fn admitted(&self) -> u64 {
-        self.consumed.saturating_sub(self.rebase_consumed) + self.held
+        self.consumed.saturating_sub(self.rebase_consumed) + self.in_buffer()
+    }
+
+    /// Groups held plus those leased, which will be held without another
+    /// check: what capacity is measured against.
+    pub fn in_buffer(&self) -> u64 {
+        self.held + self.leased
     }
 }
 
@@ -108,7 +123,7 @@ pub trait Rule: Send + Sync {
 
 impl Rule for Capacity {
     fn check(&self, v: &View) -> Result<(), Hold> {
-        match self.has_room(v.ledger.held, v.bytes) {
+        match self.has_room(v.ledger.in_buffer(), v.bytes) {
             true => Ok(()),
             false => Err(Hold::Full),
         }
@@ -289,6 +304,40 @@ mod tests {
         assert_eq!(check(1), Err(Hold::Staleness));
         assert_eq!(check(2), Err(Hold::Full));
         assert_eq!(a.rules.len(), 2, "no rate limiter in FIFO mode");
+    }
+
+    #[test]
+    fn outstanding_leases_count_against_both_bounds() {
+        let cfg = BufferConfig {
+            capacity_groups: 3,
+            batch_groups: 2,
+            max_staleness: 0,
+            ..Default::default()
+        };
+        let a = Admission::from_config(&cfg);
+        let check = |ledger: &Ledger| {
+            a.check(&View {
+                ledger,
+                version: 0,
+                bytes: 0,
+            })
+        };
+        let l = Ledger {
+            held: 1,
+            leased: 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            check(&l),
+            Err(Hold::Staleness),
+            "one batch: 1 held + 1 leased"
+        );
+        assert_eq!(l.admitted(), 2);
+        let l = Ledger {
+            leased: 3,
+            ..Default::default()
+        };
+        assert_eq!(check(&l), Err(Hold::Full), "leased groups take room");
     }
 
     #[test]

@@ -103,6 +103,15 @@ pub struct BufferConfig {
     pub compact_bytes: u64,
     /// Seed of the replay samplers' RNG.
     pub seed: u64,
+    /// How long a lease (room for a group an actor is generating) lasts
+    /// without its group arriving or a renewal: what a dead actor's lease
+    /// costs the others. Actors renew at half of it, so generation may take
+    /// longer.
+    pub lease_ttl_ms: u64,
+    /// How long a lease request is held while there is no room before it is
+    /// answered "not granted, ask again" (never beyond the caller's
+    /// deadline).
+    pub lease_wait_ms: u64,
 }
 
 impl Default for BufferConfig {
@@ -131,6 +140,8 @@ impl Default for BufferConfig {
             fsync_interval_ms: 100,
             compact_bytes: 256 << 20,
             seed: 0,
+            lease_ttl_ms: 120_000,
+            lease_wait_ms: 10_000,
         }
     }
 }
@@ -185,6 +196,9 @@ impl BufferConfig {
         if self.max_tokens == 0 || self.max_rollout_bytes == 0 {
             return bad("max_tokens and max_rollout_bytes must be positive".into());
         }
+        if self.lease_ttl_ms == 0 {
+            return bad("lease_ttl_ms must be positive".into());
+        }
         Ok(())
     }
 
@@ -199,6 +213,14 @@ impl BufferConfig {
 
     pub fn group_timeout(&self) -> Duration {
         Duration::from_millis(self.group_timeout_ms)
+    }
+
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_millis(self.lease_ttl_ms)
+    }
+
+    pub fn lease_wait(&self) -> Duration {
+        Duration::from_millis(self.lease_wait_ms)
     }
 }
 

@@ -2,7 +2,8 @@
 //! between actors and the learner, and the gRPC server around it.
 //!
 //! The core ([`Buffer`]) decides what gets in (validation, the staleness
-//! admission bound, capacity), when a group is sampleable (complete, or timed
+//! admission bound, capacity, and leases: room reserved before a group is
+//! generated), when a group is sampleable (complete, or timed
 //! out with enough members), what is handed to the learner (FIFO or replay,
 //! rate-limited) and what is evicted (stale, capacity, incomplete), with an
 //! optional write-ahead log so a killed buffer loses nothing it acknowledged.
@@ -12,6 +13,7 @@ pub mod admission;
 pub mod config;
 pub mod eviction;
 pub mod group;
+pub mod lease;
 pub mod lineage;
 pub mod metrics;
 pub mod rate_limit;

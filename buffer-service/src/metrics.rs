@@ -25,6 +25,12 @@ pub const PUSH_SECONDS: &str = "bapo_buffer_push_latency_seconds";
 pub const SAMPLE_SECONDS: &str = "bapo_buffer_sample_latency_seconds";
 pub const WAL_BYTES: &str = "bapo_buffer_wal_bytes";
 pub const WAL_FSYNC_SECONDS: &str = "bapo_buffer_wal_fsync_seconds";
+pub const LEASES_GRANTED: &str = "bapo_buffer_leases_granted_total";
+pub const LEASES_RENEWED: &str = "bapo_buffer_leases_renewed_total";
+pub const LEASES_EXPIRED: &str = "bapo_buffer_leases_expired_total";
+pub const LEASES_USED: &str = "bapo_buffer_leases_used_total";
+pub const LEASES: &str = "bapo_buffer_leases";
+pub const LEASE_WAIT_SECONDS: &str = "bapo_buffer_lease_wait_seconds";
 
 /// Registers help texts and units with the installed recorder.
 pub fn describe() {
@@ -94,6 +100,26 @@ pub fn describe() {
     );
     describe_gauge!(WAL_BYTES, Unit::Bytes, "Size of the write-ahead log");
     describe_histogram!(WAL_FSYNC_SECONDS, Unit::Seconds, "Duration of WAL fsyncs");
+    describe_counter!(
+        LEASES_GRANTED,
+        "Leases granted: room reserved for a group before it is generated"
+    );
+    describe_counter!(LEASES_RENEWED, "Outstanding leases extended by their actor");
+    describe_counter!(
+        LEASES_EXPIRED,
+        "Leases that ran out before their group arrived (a dead or stalled actor)"
+    );
+    describe_counter!(LEASES_USED, "Leases whose group arrived and was admitted");
+    describe_gauge!(
+        LEASES,
+        Unit::Count,
+        "Outstanding leases: groups being generated, counted by the admission bounds"
+    );
+    describe_histogram!(
+        LEASE_WAIT_SECONDS,
+        Unit::Seconds,
+        "Time a new lease request was held before its answer, by outcome"
+    );
 }
 
 /// Handles registered once, so the hot path increments an atomic instead of
@@ -119,6 +145,13 @@ pub struct Handles {
     pub evictions: [metrics::Counter; crate::eviction::EvictReason::ALL.len()],
     /// By [`crate::admission::Hold::index`].
     pub backpressure: [metrics::Histogram; 3],
+    pub leases_granted: metrics::Counter,
+    pub leases_renewed: metrics::Counter,
+    pub leases_expired: metrics::Counter,
+    pub leases_used: metrics::Counter,
+    pub leases: metrics::Gauge,
+    pub lease_wait_granted: metrics::Histogram,
+    pub lease_wait_not_granted: metrics::Histogram,
 }
 
 impl Handles {
@@ -149,6 +182,13 @@ impl Handles {
             sample_seconds: histogram!(SAMPLE_SECONDS),
             evictions: EvictReason::ALL.map(|r| counter!(EVICTIONS, "reason" => r.label())),
             backpressure: Hold::ALL.map(|h| histogram!(BACKPRESSURE_SECONDS, "bound" => h.label())),
+            leases_granted: counter!(LEASES_GRANTED),
+            leases_renewed: counter!(LEASES_RENEWED),
+            leases_expired: counter!(LEASES_EXPIRED),
+            leases_used: counter!(LEASES_USED),
+            leases: gauge!(LEASES),
+            lease_wait_granted: histogram!(LEASE_WAIT_SECONDS, "outcome" => "granted"),
+            lease_wait_not_granted: histogram!(LEASE_WAIT_SECONDS, "outcome" => "not_granted"),
         }
     }
 }

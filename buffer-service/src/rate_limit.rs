@@ -44,8 +44,11 @@ impl RateLimiter {
         l.inserted as f64 * self.samples_per_insert - l.samples as f64
     }
 
+    /// Outstanding leases count as inserts: their groups will be inserted
+    /// without asking again.
     pub fn can_insert(&self, l: &Ledger) -> bool {
-        self.diff(l) + self.samples_per_insert <= self.max_diff
+        let leased = l.leased as f64 * self.samples_per_insert;
+        self.diff(l) + leased + self.samples_per_insert <= self.max_diff
     }
 
     pub fn can_sample(&self, l: &Ledger, n: u64) -> bool {
@@ -75,6 +78,18 @@ mod tests {
         }
         assert_eq!(drawn, 16);
         assert!(rl.can_insert(&l));
+    }
+
+    #[test]
+    fn leases_count_as_inserts() {
+        let rl = RateLimiter::new(1.0, 2.0, 4);
+        let mut l = Ledger {
+            inserted: 5,
+            ..Default::default()
+        };
+        assert!(rl.can_insert(&l));
+        l.leased = 1;
+        assert!(!rl.can_insert(&l));
     }
 
     #[test]

@@ -239,6 +239,9 @@ impl Inner {
         *self.ledger.lock() = Ledger {
             consumed,
             held,
+            // Leases are not logged: a leased group's push after a restart
+            // is admitted as an unleased one (docs/buffer.md).
+            leased: 0,
             inserted: consumed.saturating_add(held).saturating_add(evicted),
             samples,
             rebase_consumed: learner.rebase_consumed,

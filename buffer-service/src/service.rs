@@ -3,16 +3,22 @@
 
 use std::{pin::Pin, time::Duration, time::Instant};
 
-use bapo_proto::v1::{
-    self, Batch, PushAck, SampleRequest, StatsRequest, VersionAck, VersionReport,
-    batch_source_server::BatchSource, rollout_sink_server::RolloutSink,
+use bapo_proto::{
+    deadline,
+    v1::{
+        self, Batch, LeaseReply, LeaseRequest, PushAck, SampleRequest, StatsRequest, VersionAck,
+        VersionReport, batch_source_server::BatchSource, rollout_sink_server::RolloutSink,
+    },
 };
 use futures::Stream;
 use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
-    Buffer, BufferError, LearnerReport, PushOutcome, eviction::EvictReason, group::SampledGroup,
+    Buffer, BufferError, LearnerReport, PushOutcome,
+    eviction::EvictReason,
+    group::SampledGroup,
+    lease::{Grant, LeaseAnswer},
     metrics as m, wire,
 };
 
@@ -22,7 +28,9 @@ impl From<BufferError> for Status {
             BufferError::Closing => Status::unavailable(e.to_string()),
             BufferError::NotEnough { .. } => Status::deadline_exceeded(e.to_string()),
             BufferError::InvalidRequest(_) => Status::invalid_argument(e.to_string()),
-            BufferError::Superseded(_) => Status::failed_precondition(e.to_string()),
+            BufferError::Superseded(_) | BufferError::AlreadyPushed(_) => {
+                Status::failed_precondition(e.to_string())
+            }
             BufferError::Wal(e) => Status::internal(format!("{e}; the data is not durable, retry")),
         }
     }
@@ -80,6 +88,43 @@ impl RolloutSink for RolloutSinkService {
             metrics::histogram!(m::PUSH_SECONDS).record(start.elapsed().as_secs_f64());
         }
         Ok(Response::new(ack))
+    }
+
+    async fn lease(&self, req: Request<LeaseRequest>) -> Result<Response<LeaseReply>, Status> {
+        // Answer within the caller's deadline, so "not granted" arrives
+        // instead of DEADLINE_EXCEEDED.
+        let caller = deadline::grpc_timeout(req.metadata());
+        let wait = deadline::hold_within(self.buffer.config().lease_wait(), caller);
+        let answer = self.buffer.lease(&req.into_inner().group_id, wait).await?;
+        Ok(Response::new(lease_reply(answer)))
+    }
+}
+
+fn lease_reply(answer: LeaseAnswer) -> LeaseReply {
+    match answer {
+        LeaseAnswer::Granted(Grant {
+            version,
+            incarnation,
+            expires_in,
+            ..
+        }) => LeaseReply {
+            granted: true,
+            learner_version: version,
+            learner_incarnation: incarnation,
+            expires_in_ms: u64::try_from(expires_in.as_millis()).unwrap_or(u64::MAX),
+            held_by: String::new(),
+        },
+        LeaseAnswer::NotGranted {
+            version,
+            incarnation,
+            held_by,
+        } => LeaseReply {
+            granted: false,
+            learner_version: version,
+            learner_incarnation: incarnation,
+            expires_in_ms: 0,
+            held_by: held_by.label().to_string(),
+        },
     }
 }
 
@@ -190,6 +235,10 @@ impl BatchSource for BatchSourceService {
             learner_incarnation: s.learner_incarnation,
             groups_lost_to_rollback: s.groups_lost_to_rollback,
             groups_admitted: s.groups_admitted,
+            leases_outstanding: s.leases_outstanding,
+            leases_granted: s.leases_granted,
+            leases_expired: s.leases_expired,
+            leases_used: s.leases_used,
         }))
     }
 }

@@ -13,9 +13,13 @@
 //! * `learner` (a read-write lock): the lineage. Read once per push (and
 //!   again where it lands only if a report changed it meanwhile, see
 //!   `lineage_epoch`), written only by version reports.
+//! * `leases` (one mutex): the lease table (`lease.rs`), touched once per
+//!   lease request and once per new group; changed together with the
+//!   ledger's `leased` count (`leasing.rs`).
 //!
-//! Lock order is `groups` shard → `learner` → `ready` → `ledger`;
-//! `tombstones` is taken alone. No lock is held across an `.await`.
+//! Lock order is `groups` shard → `learner` → `leases` → `ready` →
+//! `ledger`; `tombstones` is taken alone. No lock is held across an
+//! `.await`.
 //!
 //! Write-ahead records are queued while the lock that orders the change is
 //! held (a rollout under its group's shard, a ready or sampled record under
@@ -42,7 +46,10 @@ use bapo_proto::{
 };
 use dashmap::{
     DashMap,
-    mapref::{entry::Entry, one::RefMut},
+    mapref::{
+        entry::{Entry, VacantEntry},
+        one::RefMut,
+    },
 };
 use parking_lot::{Mutex, RwLock};
 use rand::{SeedableRng, rngs::SmallRng};
@@ -53,6 +60,7 @@ use crate::{
     config::BufferConfig,
     eviction::{self, EvictReason},
     group::{GroupEntry, PendingGroup, ReadyGroup, SampledGroup},
+    lease::LeaseTable,
     lineage::{Lineage, ReportKind},
     metrics as m,
     rate_limit::RateLimiter,
@@ -87,6 +95,9 @@ pub enum BufferError {
     /// has replaced (a zombie).
     #[error("{0}")]
     Superseded(String),
+    /// A lease asked for a group that is already in the buffer.
+    #[error("{0}")]
+    AlreadyPushed(String),
     #[error(transparent)]
     Wal(#[from] WalError),
 }
@@ -115,6 +126,11 @@ pub struct Stats {
     /// The current learner incarnation; 0 before any lineage was reported.
     pub learner_incarnation: u64,
     pub groups_lost_to_rollback: u64,
+    /// Leases held now, and granted, expired and used since the start.
+    pub leases_outstanding: u64,
+    pub leases_granted: u64,
+    pub leases_expired: u64,
+    pub leases_used: u64,
 }
 
 /// A learner's version report (`bapo.v1.VersionReport`).
@@ -161,6 +177,9 @@ struct Counters {
     rejected: Mutex<HashMap<&'static str, u64>>,
     samples: AtomicU64,
     evictions: [AtomicU64; EvictReason::ALL.len()],
+    leases_granted: AtomicU64,
+    leases_expired: AtomicU64,
+    leases_used: AtomicU64,
 }
 
 struct Inner {
@@ -185,6 +204,9 @@ struct Inner {
     groups: DashMap<String, GroupEntry>,
     pending: AtomicU64,
     ready: Mutex<ReadyStore>,
+    /// Room reserved for groups being generated; its size is the ledger's
+    /// `leased`.
+    leases: Mutex<LeaseTable>,
     ledger: Mutex<Ledger>,
     bytes: AtomicU64,
     /// Sealed group ids, oldest first; pruned to `dedup_window_groups`.
@@ -234,6 +256,7 @@ impl Buffer {
                 sampler::from_config(&cfg),
                 SmallRng::seed_from_u64(cfg.seed),
             )),
+            leases: Mutex::new(LeaseTable::new(cfg.lease_ttl())),
             ledger: Mutex::new(Ledger::default()),
             bytes: AtomicU64::new(0),
             tombstones: Mutex::new(VecDeque::new()),
@@ -296,6 +319,7 @@ impl Buffer {
         }
         if eviction::is_stale(learner_version, r.oldest_version(), inner.cfg.max_staleness) {
             inner.evict_pending(&r.group_id, EvictReason::Stale);
+            inner.release_lease(&r.group_id);
             let reason = format!(
                 "oldest token version {} is more than max_staleness = {} behind the learner's version {}",
                 r.oldest_version(),
@@ -314,26 +338,20 @@ impl Buffer {
             if let Some(outcome) = inner.try_join_existing(&mut r, epoch) {
                 return Ok(outcome);
             }
+            match inner.create_if_leased(&mut r, epoch) {
+                NewGroup::Created(outcome) => return Ok(outcome),
+                NewGroup::Exists => continue,
+                NewGroup::Unleased => {}
+            }
             // A new group: reserve its place first, without holding any lock.
             inner.admit_new_group().await?;
             let rollout = r.take().expect("rollout is only taken on success");
             match inner.groups.entry(rollout.group_id.clone()) {
                 Entry::Vacant(v) => {
-                    if let Err(rej) = inner.recheck_history(&rollout, epoch) {
-                        drop(v);
-                        inner.release_admission();
-                        return Ok(inner.reject(rej));
-                    }
-                    inner.log_rollout(&rollout);
-                    let group = PendingGroup::new(rollout, Instant::now());
-                    inner.bytes.fetch_add(group.bytes, Relaxed);
-                    let slot = v.insert(GroupEntry::Pending(group));
-                    inner.pending.fetch_add(1, Relaxed);
-                    if inner.cfg.group_size == 1 {
-                        inner.seal_into_ready(slot);
-                    }
-                    inner.accepted();
-                    return Ok(PushOutcome::Accepted);
+                    // A lease granted while this rollout waited for room
+                    // is redundant: one place is enough.
+                    inner.release_lease(v.key());
+                    return Ok(inner.create_group(v, rollout, epoch));
                 }
                 Entry::Occupied(_) => {
                     // Another stream created it meanwhile: give the place
@@ -464,10 +482,11 @@ impl Buffer {
     }
 
     /// Evicts stale pending groups, seals timed-out ones (ready with at
-    /// least `min_group_size` members, evicted otherwise) and prunes old
-    /// tombstones.
+    /// least `min_group_size` members, evicted otherwise), expires leases
+    /// and prunes old tombstones.
     pub fn sweep(&self, now: Instant) {
         let inner = &*self.inner;
+        inner.expire_leases(now);
         let timeout = inner.cfg.group_timeout();
         let version = inner.version.load(Relaxed);
         let mut stale = Vec::new();
@@ -564,6 +583,10 @@ impl Buffer {
             groups_admitted: ledger.inserted,
             learner_incarnation: learner.lineage.current().unwrap_or(0),
             groups_lost_to_rollback: learner.lost_to_rollback,
+            leases_outstanding: ledger.leased,
+            leases_granted: c.leases_granted.load(Relaxed),
+            leases_expired: c.leases_expired.load(Relaxed),
+            leases_used: c.leases_used.load(Relaxed),
         }
     }
 }
@@ -667,6 +690,32 @@ impl Inner {
                 Some(PushOutcome::Accepted)
             }
         }
+    }
+
+    /// Starts a new pending group with its first rollout. Its place in the
+    /// ledger is already reserved (by admission or a lease), and given back
+    /// if the history check fails.
+    fn create_group(
+        &self,
+        v: VacantEntry<'_, String, GroupEntry>,
+        rollout: Rollout,
+        epoch: u64,
+    ) -> PushOutcome {
+        if let Err(rej) = self.recheck_history(&rollout, epoch) {
+            drop(v);
+            self.release_admission();
+            return self.reject(rej);
+        }
+        self.log_rollout(&rollout);
+        let group = PendingGroup::new(rollout, Instant::now());
+        self.bytes.fetch_add(group.bytes, Relaxed);
+        let slot = v.insert(GroupEntry::Pending(group));
+        self.pending.fetch_add(1, Relaxed);
+        if self.cfg.group_size == 1 {
+            self.seal_into_ready(slot);
+        }
+        self.accepted();
+        PushOutcome::Accepted
     }
 
     /// The history check once more, for a rollout checked against a lineage
@@ -1005,6 +1054,14 @@ impl Inner {
 #[path = "recovery.rs"]
 mod recovery;
 
+#[path = "leasing.rs"]
+mod leasing;
+use leasing::NewGroup;
+
 #[cfg(test)]
 #[path = "store_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "lease_tests.rs"]
+mod lease_tests;

@@ -9,7 +9,7 @@ use crate::{
 };
 use bapo_proto::packed::{pack_f32, pack_u32};
 
-fn rollout(group: &str, id: &str, versions: &[u64]) -> Rollout {
+pub(super) fn rollout(group: &str, id: &str, versions: &[u64]) -> Rollout {
     Rollout {
         id: id.into(),
         group_id: group.into(),
@@ -28,7 +28,7 @@ fn rollout(group: &str, id: &str, versions: &[u64]) -> Rollout {
     }
 }
 
-fn cfg(group_size: u32, batch_groups: u32, max_staleness: u64) -> BufferConfig {
+pub(super) fn cfg(group_size: u32, batch_groups: u32, max_staleness: u64) -> BufferConfig {
     BufferConfig {
         group_size,
         min_group_size: 1,
@@ -38,7 +38,7 @@ fn cfg(group_size: u32, batch_groups: u32, max_staleness: u64) -> BufferConfig {
     }
 }
 
-async fn push_group(b: &Buffer, group: &str, k: usize, version: u64) {
+pub(super) async fn push_group(b: &Buffer, group: &str, k: usize, version: u64) {
     for i in 0..k {
         let out = b
             .push(rollout(group, &format!("{group}-{i}"), &[version; 4]), 100)

@@ -84,6 +84,21 @@ fn shorten(s: &str) -> String {
     format!("{}... ({} bytes)", &s[..end], s.len())
 }
 
+/// A group id named outside a rollout (a lease request): not empty, and
+/// within the id bound. The error names the field and is not echoed whole.
+pub fn check_group_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("group_id is empty".into());
+    }
+    if id.len() > MAX_ID_BYTES {
+        return Err(format!(
+            "group_id {} is over the limit of {MAX_ID_BYTES} bytes",
+            shorten(id)
+        ));
+    }
+    Ok(())
+}
+
 /// The first string field of `r` over its length bound, named.
 fn overlong(r: &Rollout) -> Option<String> {
     let fields = [

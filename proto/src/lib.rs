@@ -1,10 +1,11 @@
 //! Wire types of bapo, generated from `bapo.proto` (package `bapo.v1`) and the
 //! buffer's log records (`wal.proto`), plus [`packed`], the encoding of the
 //! per-token arrays, and [`transport`], the connection settings and guard
-//! every bapo server shares, and [`tls`], mutual TLS with per-role
-//! authorization for servers and clients. Services and cores live in the
-//! crates that own them.
+//! every bapo server shares, [`tls`], mutual TLS with per-role
+//! authorization for servers and clients, and [`deadline`], the caller's
+//! gRPC deadline. Services and cores live in the crates that own them.
 
+pub mod deadline;
 pub mod packed;
 pub mod tls;
 pub mod transport;

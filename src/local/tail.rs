@@ -172,6 +172,9 @@ pub async fn buffer_books(services: &Services) -> Option<BTreeMap<String, u64>> 
         ("groups_consumed".into(), s.groups_consumed),
         ("group_samples".into(), s.group_samples),
         ("admitted_groups".into(), s.admitted_groups),
+        ("leases_granted".into(), s.leases_granted),
+        ("leases_expired".into(), s.leases_expired),
+        ("leases_used".into(), s.leases_used),
     ]);
     for (k, v) in s.evictions {
         m.insert(format!("evicted_{k}"), v);

@@ -135,7 +135,7 @@ pub fn access(path: &str) -> Access {
         .and_then(|p| p.split_once('/'))
         .unwrap_or(("", ""));
     match (service, method) {
-        ("bapo.v1.RolloutSink", "Push") | ("bapo.v1.WeightSource", "Subscribe") => {
+        ("bapo.v1.RolloutSink", "Push" | "Lease") | ("bapo.v1.WeightSource", "Subscribe") => {
             Access::Only(Role::Actor)
         }
         ("bapo.v1.BatchSource", "Sample" | "SampleStream" | "ReportVersion") => {
@@ -211,6 +211,7 @@ mod tests {
         let ok = |p: &Peer, m: &str| authorize(Some(p), m, false).is_ok();
         for m in [
             "/bapo.v1.RolloutSink/Push",
+            "/bapo.v1.RolloutSink/Lease",
             "/bapo.v1.WeightSource/Subscribe",
         ] {
             assert!(ok(&actor, m) && !ok(&learner, m) && !ok(&admin, m), "{m}");
@@ -230,6 +231,9 @@ mod tests {
             assert!(ok(&learner, m) && ok(&actor, m) && ok(&admin, m), "{m}");
         }
         assert!(!ok(&admin, "/bapo.v1.BatchSource/Drain"));
+        // A method of the actors' service that bapo does not serve is
+        // nobody's, the actors' included.
+        assert!(!ok(&actor, "/bapo.v1.RolloutSink/Drain"));
         let denied = authorize(Some(&actor), "/bapo.v1.BatchSource/Sample", false).unwrap_err();
         assert_eq!(denied.code(), tonic::Code::PermissionDenied);
         assert!(
