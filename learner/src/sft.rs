@@ -234,7 +234,7 @@ impl Check {
             &self.problems,
             self.max_new_tokens,
             &[stop],
-            1,
+            None,
         )
         .greedy_accuracy
     }

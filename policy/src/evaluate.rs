@@ -20,6 +20,17 @@ pub struct EvalResult {
     /// Share of problems where any of k samples is right (k > 1 only).
     pub pass_at_k: Option<f64>,
     pub k: usize,
+    /// The temperature the k samples were drawn at (k > 1 only).
+    pub pass_temperature: Option<f32>,
+}
+
+/// pass@k's sampling: `k` samples per problem at `temperature`. Report it
+/// at the training temperature: pass@k at another temperature measures a
+/// policy nobody trains or deploys.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PassAtK {
+    pub k: usize,
+    pub temperature: f32,
 }
 
 /// The text a response stands for: its tokens up to a stop token.
@@ -36,7 +47,7 @@ pub fn completion(tokenizer: &TextTokenizer, tokens: &[u32], stop: &[u32]) -> St
 /// batch (the others wait for it) wastes little.
 const BATCH_ROWS: usize = 64;
 
-/// Evaluates `policy` on `problems`. `k > 1` adds pass@k at temperature 1.
+/// Evaluates `policy` on `problems`; `pass` with `k > 1` adds pass@k.
 ///
 /// Problems whose prompts have the same number of tokens are decoded
 /// together, [`BATCH_ROWS`] rows at a time: one problem per row for greedy,
@@ -48,8 +59,9 @@ pub fn evaluate(
     problems: &[Problem],
     max_new_tokens: usize,
     stop: &[u32],
-    k: usize,
+    pass: Option<PassAtK>,
 ) -> EvalResult {
+    let (k, temperature) = pass.map_or((1, 1.0), |p| (p.k, p.temperature));
     let full = task.reward_range().1;
     let mut by_len: BTreeMap<usize, Vec<(usize, Vec<u32>)>> = BTreeMap::new();
     for (i, p) in problems.iter().enumerate() {
@@ -83,7 +95,7 @@ pub fn evaluate(
         }
         for chunk in bucket.chunks((BATCH_ROWS / k).max(1)) {
             let sampled = SamplingParams {
-                temperature: 1.0,
+                temperature,
                 max_new_tokens,
                 stop_tokens: stop.to_vec(),
                 seed: chunk[0].0 as u64,
@@ -107,5 +119,6 @@ pub fn evaluate(
         mean_reward: reward_sum / n,
         pass_at_k: (k > 1).then(|| pass as f64 / n),
         k,
+        pass_temperature: (k > 1).then_some(temperature),
     }
 }

@@ -9,7 +9,7 @@ use bapo_policy::{
     ModelSpec, Policy, burn::prelude::*, chat::ChatTask, evaluate::evaluate,
     tokenizer::TextTokenizer,
 };
-use bapo_tasks::{PromptFormat, Task, TaskSpec};
+use bapo_tasks::{PromptFormat, Split, Task, TaskSpec};
 
 /// The compute device: the first GPU in a `cuda` build, else the CPU.
 pub fn device() -> Device {
@@ -56,7 +56,8 @@ pub fn task(spec: &TaskSpec, tokenizer: &TextTokenizer) -> anyhow::Result<Arc<dy
     )?))
 }
 
-/// Greedy held-out accuracy as the learner's periodic evaluation.
+/// Greedy accuracy on the validation half, as the learner's periodic
+/// evaluation.
 pub fn eval_hook(
     task: Arc<dyn Task>,
     tokenizer: TextTokenizer,
@@ -64,9 +65,19 @@ pub fn eval_hook(
     problems: usize,
     max_new_tokens: usize,
 ) -> EvalFn {
-    let problems = task.eval_problems(problems);
+    // In-run evaluation reads the validation half: the test half is kept
+    // for the one number reported at the end.
+    let problems = Split::Validation.problems(&*task, problems);
     Arc::new(move |p: &Policy| {
-        let r = evaluate(p, &tokenizer, &*task, &problems, max_new_tokens, &stop, 1);
+        let r = evaluate(
+            p,
+            &tokenizer,
+            &*task,
+            &problems,
+            max_new_tokens,
+            &stop,
+            None,
+        );
         vec![
             ("eval_accuracy".to_string(), r.greedy_accuracy),
             ("eval_reward".to_string(), r.mean_reward),

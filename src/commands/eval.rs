@@ -2,8 +2,9 @@
 
 use std::path::PathBuf;
 
-use bapo_policy::evaluate::{EvalResult, evaluate};
-use clap::Args;
+use bapo_policy::evaluate::{EvalResult, PassAtK, evaluate};
+use bapo_tasks::Split;
+use clap::{Args, ValueEnum};
 
 use super::common;
 use crate::config_file::ConfigFile;
@@ -27,8 +28,33 @@ pub struct EvalArgs {
     /// Samples per problem for pass@k (1: greedy only).
     #[arg(long, default_value_t = 8)]
     pub k: usize,
+    /// Temperature of pass@k's samples (default: the config's
+    /// `[actor.sampling] temperature`, the one the policy trains at).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Which half of the held-out problems: `test` (reported once, at the
+    /// end) or `validation` (for tuning and in-run evaluation).
+    #[arg(long, value_enum, default_value_t = EvalSplit::Test)]
+    pub split: EvalSplit,
     #[arg(long, default_value_t = 16)]
     pub max_new_tokens: usize,
+}
+
+/// The held-out half `bapo eval` reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum EvalSplit {
+    Validation,
+    #[default]
+    Test,
+}
+
+impl From<EvalSplit> for Split {
+    fn from(s: EvalSplit) -> Self {
+        match s {
+            EvalSplit::Validation => Split::Validation,
+            EvalSplit::Test => Split::Test,
+        }
+    }
 }
 
 pub fn run(args: EvalArgs) -> anyhow::Result<()> {
@@ -49,7 +75,11 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<EvalResult> {
     let (policy, tokenizer) = common::load_model_dir(&args.checkpoint, &device)?;
     let task = common::task(&cfg.task, &tokenizer)?;
     let stop = common::stop_tokens(&tokenizer, &cfg.actor.stop)?;
-    let problems = task.eval_problems(args.problems);
+    let problems = Split::from(args.split).problems(&*task, args.problems);
+    let pass = (args.k > 1).then(|| PassAtK {
+        k: args.k,
+        temperature: args.temperature.unwrap_or(cfg.actor.sampling.temperature),
+    });
     Ok(evaluate(
         &policy,
         &tokenizer,
@@ -57,6 +87,6 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<EvalResult> {
         &problems,
         args.max_new_tokens,
         &stop,
-        args.k,
+        pass,
     ))
 }

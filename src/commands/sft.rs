@@ -69,7 +69,7 @@ pub fn warm_start(
     let stop = common::stop_tokens(&tokenizer, &cfg.actor.stop)?;
     let problems = task.eval_problems(eval_problems);
     let max_new = cfg.learner.eval_max_new_tokens;
-    let before = evaluate(&policy, &tokenizer, &*task, &problems, max_new, &stop, 1);
+    let before = evaluate(&policy, &tokenizer, &*task, &problems, max_new, &stop, None);
     let bar = if quiet {
         ProgressBar::hidden()
     } else {
@@ -100,7 +100,7 @@ pub fn warm_start(
         last = s;
     })?;
     bar.finish_and_clear();
-    let after = evaluate(&policy, &tokenizer, &*task, &problems, max_new, &stop, 1);
+    let after = evaluate(&policy, &tokenizer, &*task, &problems, max_new, &stop, None);
     hf::save(&policy, out).with_context(|| format!("writing {}", out.display()))?;
     tokenizer.save(&out.join("tokenizer.json"))?;
     Ok(SftSummary {

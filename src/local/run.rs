@@ -161,6 +161,8 @@ async fn evaluate(cfg: &ConfigFile, config: &Path, dir: PathBuf) -> anyhow::Resu
         data: None,
         problems: cfg.run.eval_problems,
         k: cfg.run.pass_k,
+        temperature: None,
+        split: eval::EvalSplit::Test,
         max_new_tokens: cfg.learner.eval_max_new_tokens,
     };
     tokio::task::spawn_blocking(move || eval::eval(&a)).await?

@@ -32,6 +32,7 @@ pub mod latex;
 pub mod math;
 pub mod numeric;
 pub mod shaping;
+pub mod split;
 
 use std::path::PathBuf;
 
@@ -43,6 +44,7 @@ pub use dataset::FileOptions;
 pub use jsonl::Jsonl;
 pub use math::Math;
 pub use shaping::{Overlong, Shaping};
+pub use split::Split;
 
 /// One problem: the prompt text the model sees, the reference answer the
 /// verifier checks, and a worked solution text that supervised warm-up
