@@ -1,0 +1,323 @@
+//! From runs to verdicts: each arm's endpoints over seeds, the two gates
+//! and the four pre-registered hypotheses (docs/study/lag/README.md),
+//! judged at a two-sided Welch p < 0.05.
+
+use serde::Serialize;
+
+use super::{
+    arms::Arm,
+    episode::ArmRun,
+    stats::{Welch, mean_sd, slope, welch},
+};
+
+/// The significance level the hypotheses were registered with.
+pub const ALPHA: f64 = 0.05;
+/// Gate 1: BAPO's start window misses its target in at least this share
+/// of steps, or the bound search has nothing to do.
+pub const GATE1_MISS: f64 = 0.30;
+
+/// One arm's endpoints, per seed and summarised.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArmSummary {
+    pub arm: String,
+    pub label: String,
+    pub seeds: usize,
+    /// Primary: fresh-sample entropy at the end minus at the start (nats).
+    pub entropy_change: Vec<f64>,
+    pub final_entropy: Vec<f64>,
+    /// Least-squares slope of the probed entropy, per 100 steps.
+    pub entropy_slope: Vec<f64>,
+    pub test_accuracy: Vec<f64>,
+    pub test_pass_at_k: Vec<f64>,
+    pub final_val_accuracy: Vec<f64>,
+    pub clip_frac_low: Vec<f64>,
+    pub clip_frac_high: Vec<f64>,
+    /// Steps whose gradient norm exceeds 3 × the run's median.
+    pub grad_spikes: Vec<f64>,
+    /// BAPO arms: share of steps at the start window, moved and meeting
+    /// the target, and exhausted (target missed at the search's end).
+    pub regimes: Option<Regimes>,
+    /// Mean ± sd over seeds of each endpoint above.
+    pub mean_sd: Vec<(String, f64, f64)>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Regimes {
+    pub start: f64,
+    pub moved: f64,
+    pub exhausted: f64,
+}
+
+/// Named tests of one hypothesis; `None`: too few seeds or no variance.
+type Tests = Vec<(String, Option<Welch>)>;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    pub name: String,
+    pub statement: String,
+    /// `None`: an arm it needs was not run.
+    pub holds: Option<bool>,
+    pub tests: Tests,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Analysis {
+    pub arms: Vec<ArmSummary>,
+    pub gate1_start_window_miss: Option<f64>,
+    pub gate1_passed: Option<bool>,
+    pub gate2_passed: Option<bool>,
+    pub verdicts: Vec<Verdict>,
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn mean(xs: impl Iterator<Item = f64>) -> f64 {
+    let v: Vec<f64> = xs.collect();
+    mean_sd(&v).0
+}
+
+fn summarise(arm: &Arm, runs: &[&ArmRun]) -> ArmSummary {
+    let per = |f: &dyn Fn(&ArmRun) -> f64| runs.iter().map(|r| f(r)).collect::<Vec<f64>>();
+    let first = |r: &ArmRun| r.probes.first().map_or(f64::NAN, |p| p.entropy);
+    let last = |r: &ArmRun| r.probes.last().map_or(f64::NAN, |p| p.entropy);
+    let spikes = |r: &ArmRun| {
+        let norms: Vec<f64> = r.steps.iter().map(|s| s.grad_norm).collect();
+        let m = median(&norms);
+        norms.iter().filter(|&&g| g > 3.0 * m).count() as f64
+    };
+    let regimes = (arm.algo == "bapo").then(|| {
+        let steps = || runs.iter().flat_map(|r| r.steps.iter());
+        let n = steps().count().max(1) as f64;
+        let count = |f: &dyn Fn(f64, f64) -> bool| {
+            steps()
+                .filter(|s| f(s.search_steps.unwrap_or(0.0), s.target_met.unwrap_or(1.0)))
+                .count() as f64
+                / n
+        };
+        Regimes {
+            start: count(&|k, _| k == 0.0),
+            moved: count(&|k, met| k > 0.0 && met > 0.0),
+            exhausted: count(&|_, met| met == 0.0),
+        }
+    });
+    let mut s = ArmSummary {
+        arm: arm.id.to_string(),
+        label: arm.label.to_string(),
+        seeds: runs.len(),
+        entropy_change: per(&|r| last(r) - first(r)),
+        final_entropy: per(&last),
+        entropy_slope: per(&|r| {
+            let pts: Vec<(f64, f64)> = r
+                .probes
+                .iter()
+                .map(|p| (p.step as f64 / 100.0, p.entropy))
+                .collect();
+            slope(&pts)
+        }),
+        test_accuracy: per(&|r| r.test_accuracy),
+        test_pass_at_k: per(&|r| r.test_pass_at_k.unwrap_or(f64::NAN)),
+        final_val_accuracy: per(&|r| r.probes.last().map_or(f64::NAN, |p| p.val_accuracy)),
+        clip_frac_low: per(&|r| mean(r.steps.iter().map(|s| s.clip_frac_low))),
+        clip_frac_high: per(&|r| mean(r.steps.iter().map(|s| s.clip_frac_high))),
+        grad_spikes: per(&spikes),
+        regimes,
+        mean_sd: Vec::new(),
+    };
+    s.mean_sd = s
+        .endpoints()
+        .into_iter()
+        .map(|(name, xs)| {
+            let (m, sd) = mean_sd(xs);
+            (name.to_string(), m, sd)
+        })
+        .collect();
+    s
+}
+
+impl ArmSummary {
+    pub fn endpoints(&self) -> Vec<(&'static str, &[f64])> {
+        vec![
+            ("entropy_change", &self.entropy_change),
+            ("final_entropy", &self.final_entropy),
+            ("entropy_slope", &self.entropy_slope),
+            ("test_accuracy", &self.test_accuracy),
+            ("test_pass_at_k", &self.test_pass_at_k),
+            ("final_val_accuracy", &self.final_val_accuracy),
+            ("clip_frac_low", &self.clip_frac_low),
+            ("clip_frac_high", &self.clip_frac_high),
+            ("grad_spikes", &self.grad_spikes),
+        ]
+    }
+}
+
+pub fn analyse(arms: &[Arm], runs: &[ArmRun]) -> Analysis {
+    let summaries: Vec<ArmSummary> = arms
+        .iter()
+        .map(|a| {
+            let mine: Vec<&ArmRun> = runs.iter().filter(|r| r.arm == a.id).collect();
+            summarise(a, &mine)
+        })
+        .collect();
+    let get = |id: &str| summaries.iter().find(|s| s.arm == id);
+    let gate1 = get("f")
+        .and_then(|f| f.regimes.as_ref())
+        .map(|r| 1.0 - r.start);
+    let verdicts = hypotheses(&get);
+    Analysis {
+        gate1_start_window_miss: gate1,
+        gate1_passed: gate1.map(|m| m >= GATE1_MISS),
+        gate2_passed: verdicts.first().and_then(|v| v.holds),
+        verdicts,
+        arms: summaries,
+    }
+}
+
+/// Significantly above (`> 0`) or below (`< 0`) at [`ALPHA`].
+fn significant(w: &Option<Welch>, sign: f64) -> bool {
+    w.as_ref()
+        .is_some_and(|w| w.p < ALPHA && w.diff * sign > 0.0)
+}
+
+/// Not significantly below.
+fn not_worse(w: &Option<Welch>) -> bool {
+    !significant(w, -1.0)
+}
+
+fn hypotheses<'a>(get: &dyn Fn(&str) -> Option<&'a ArmSummary>) -> Vec<Verdict> {
+    let test = |x: &str, y: &str, f: fn(&ArmSummary) -> &[f64]| {
+        let (a, b) = (get(x)?, get(y)?);
+        Some(welch(f(a), f(b)))
+    };
+    fn change(s: &ArmSummary) -> &[f64] {
+        &s.entropy_change
+    }
+    fn fin(s: &ArmSummary) -> &[f64] {
+        &s.final_entropy
+    }
+    fn acc(s: &ArmSummary) -> &[f64] {
+        &s.test_accuracy
+    }
+    let mut out = Vec::new();
+    // H1 (gate 2): entropy falls faster under lag with the fixed window.
+    let h1 = test("b", "a", change);
+    out.push(Verdict {
+        name: "H1".into(),
+        statement: "entropy(b) falls faster than entropy(a): the lag-16 PPO arm's entropy change is significantly below the lag-0 arm's".into(),
+        holds: h1.as_ref().map(|w| significant(w, -1.0)),
+        tests: vec![("entropy_change b - a".into(), h1.flatten())],
+    });
+    let (e_fb, a_fb) = (test("f", "b", fin), test("f", "b", acc));
+    out.push(Verdict {
+        name: "H2".into(),
+        statement: "entropy(f) > entropy(b) (significant) and accuracy(f) >= accuracy(b) (not significantly below)".into(),
+        holds: e_fb.as_ref().zip(a_fb.as_ref()).map(|(e, a)| significant(e, 1.0) && not_worse(a)),
+        tests: vec![
+            ("final_entropy f - b".into(), e_fb.flatten()),
+            ("test_accuracy f - b".into(), a_fb.flatten()),
+        ],
+    });
+    let differs = |other: &str| -> Option<(bool, Tests)> {
+        let (e, a) = (test("f", other, fin)?, test("f", other, acc)?);
+        let d = significant(&e, 1.0)
+            || significant(&e, -1.0)
+            || significant(&a, 1.0)
+            || significant(&a, -1.0);
+        Some((
+            d,
+            vec![
+                (format!("final_entropy f - {other}"), e),
+                (format!("test_accuracy f - {other}"), a),
+            ],
+        ))
+    };
+    let (c, d) = (differs("c"), differs("d"));
+    let mut tests = Vec::new();
+    for (_, t) in c.iter().chain(d.iter()) {
+        tests.extend(t.iter().cloned());
+    }
+    out.push(Verdict {
+        name: "H3".into(),
+        statement: "(f) differs significantly from both fixed windows (c) and (d) in final entropy or test accuracy: the adaptation matters, not just its window".into(),
+        holds: c.zip(d).map(|(c, d)| c.0 && d.0),
+        tests,
+    });
+    let (e_eb, a_eb) = (test("e", "b", fin), test("e", "b", acc));
+    out.push(Verdict {
+        name: "H4".into(),
+        statement: "(e) >= (b): the asymmetric window's final entropy and test accuracy are not significantly below the symmetric one's".into(),
+        holds: e_eb.as_ref().zip(a_eb.as_ref()).map(|(e, a)| not_worse(e) && not_worse(a)),
+        tests: vec![
+            ("final_entropy e - b".into(), e_eb.flatten()),
+            ("test_accuracy e - b".into(), a_eb.flatten()),
+        ],
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::lag::{
+        arms::standard,
+        episode::{Probe, StepRow},
+    };
+
+    /// A run whose entropy goes from 1.0 to `end`, with test accuracy
+    /// `acc`, and BAPO search steps on every other step.
+    fn run(arm: &str, seed: u64, end: f64, acc: f64) -> ArmRun {
+        let probe = |step, entropy| Probe {
+            step,
+            entropy,
+            val_accuracy: acc,
+        };
+        ArmRun {
+            arm: arm.into(),
+            seed,
+            probes: vec![probe(0, 1.0), probe(10, end)],
+            steps: (0..10)
+                .map(|t| StepRow {
+                    step: t,
+                    grad_norm: 1.0,
+                    search_steps: Some((t % 2) as f64),
+                    target_met: Some(1.0),
+                    ..Default::default()
+                })
+                .collect(),
+            test_accuracy: acc,
+            test_pass_at_k: None,
+            seconds: 0.0,
+        }
+    }
+
+    #[test]
+    fn verdicts_follow_the_registered_rules() {
+        let jitter = |s: u64| s as f64 * 0.01;
+        let mut runs = Vec::new();
+        for s in 0..5 {
+            runs.push(run("a", s, 0.95 + jitter(s), 0.5));
+            runs.push(run("b", s, 0.5 + jitter(s), 0.5 + jitter(s)));
+            runs.push(run("c", s, 0.5 + jitter(s), 0.5 + jitter(s)));
+            runs.push(run("d", s, 0.9 + jitter(s), 0.5 + jitter(s)));
+            runs.push(run("e", s, 0.5 + jitter(s), 0.5 + jitter(s)));
+            runs.push(run("f", s, 0.9 + jitter(s), 0.5 + jitter(s)));
+        }
+        let a = analyse(&standard(16), &runs);
+        let holds: Vec<Option<bool>> = a.verdicts.iter().map(|v| v.holds).collect();
+        // H1: b loses more entropy than a; H2: f keeps more than b at the
+        // same accuracy; H3: f is like d, so not different from both; H4:
+        // e is the same as b.
+        assert_eq!(holds, [Some(true), Some(true), Some(false), Some(true)]);
+        assert_eq!(a.gate2_passed, Some(true));
+        assert_eq!(a.gate1_start_window_miss, Some(0.5));
+        assert_eq!(a.gate1_passed, Some(true));
+        let g = a.arms.iter().find(|s| s.arm == "g").unwrap();
+        assert_eq!(g.seeds, 0, "arm g was not run");
+    }
+}
