@@ -285,6 +285,11 @@ def check_objects(docs: list[dict], values: dict) -> None:
         assert (got or 0) == gpus, f"{key}: nvidia.com/gpu limit {got}, want {gpus}"
         img = w["spec"]["template"]["spec"]["containers"][0]["image"]
         assert img.endswith("-cuda") == (gpus > 0) or values_get(values, "gpuImage.tag", ""), f"{key}: image {img}"
+        # The CUDA image computes on the CPU unless told: `--device cuda`.
+        a_w = args_of(w)
+        got_device = flag(a_w, "--device") if "--device" in a_w else None
+        want_device = "cuda" if gpus > 0 else None
+        assert got_device == want_device, f"{key}: --device {got_device}, want {want_device}"
     assert "nvidia.com/gpu" not in json.dumps(buffer["spec"]["template"]["spec"]["containers"][0]["resources"]), "buffer GPU"
     assert [t["metadata"]["name"] for t in learner["spec"]["volumeClaimTemplates"]] == ["checkpoints"], "learner PVC"
 

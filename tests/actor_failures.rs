@@ -117,6 +117,7 @@ fn run_actor(
             learner,
             actor_id: "trap".into(),
             device: Device::flex(),
+            precision: Default::default(),
             tls: None,
             reward: Default::default(),
         },

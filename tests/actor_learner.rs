@@ -122,6 +122,7 @@ async fn learner_advances_and_the_actor_follows_its_weights() {
         None,
         "late".into(),
         Device::flex(),
+        Default::default(),
         cell_tx,
         stop_rx,
     ));
@@ -163,6 +164,7 @@ async fn slow_subscribers_skip_to_the_newest_and_corrupt_weights_are_refused() {
         None,
         "late".into(),
         Device::flex(),
+        Default::default(),
         cell_tx,
         stop_rx,
     ));
@@ -187,7 +189,11 @@ async fn slow_subscribers_skip_to_the_newest_and_corrupt_weights_are_refused() {
     let mut bytes = published.payload.to_vec();
     bytes[100] ^= 1;
     assert!(a.push(&bytes).unwrap());
-    let e = a.finish(&Device::flex()).err().unwrap().to_string();
+    let e = a
+        .finish(&Device::flex(), Default::default())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("v5") && e.contains("checksum"), "{e}");
 }
 

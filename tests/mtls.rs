@@ -461,6 +461,7 @@ async fn the_loop_runs_over_mutual_tls() {
             learner: learner_url,
             actor_id: "declared".into(),
             device: Device::flex(),
+            precision: Default::default(),
             tls: Some(pki.client("actor-0", "actor/actor-0")),
             reward: Default::default(),
         },

@@ -90,6 +90,7 @@ fn follow(url: String) -> (subscription::PolicyCell, watch::Sender<bool>) {
         None,
         "bf16-actor".into(),
         Device::flex(),
+        Default::default(),
         cell_tx,
         stop_rx,
     ));
@@ -169,7 +170,7 @@ fn a_flipped_bit_in_a_bf16_header_is_refused() {
             ..update.clone()
         });
         assert!(a.push(&published.payload).unwrap());
-        a.finish(&Device::flex())
+        a.finish(&Device::flex(), Default::default())
     };
     let intact = load(published.header.to_vec()).unwrap();
     assert_rounded_copy(&intact.policy, &p);

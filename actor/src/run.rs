@@ -20,7 +20,7 @@ use std::{
 
 use anyhow::Context;
 use bapo_policy::Response;
-use bapo_policy::{burn::prelude::*, tokenizer::TextTokenizer};
+use bapo_policy::{Precision, burn::prelude::*, tokenizer::TextTokenizer};
 use bapo_proto::{
     tls::{self, ClientTls},
     v1::rollout_sink_client::RolloutSinkClient,
@@ -45,6 +45,8 @@ pub struct ActorOptions {
     pub learner: String,
     pub actor_id: String,
     pub device: Device,
+    /// Compute dtype of generation; the weights are held in it.
+    pub precision: Precision,
     /// Mutual TLS to the buffer and the learner; `None`: plaintext.
     pub tls: Option<ClientTls>,
     /// Where rewards come from (`[reward]`).
@@ -96,6 +98,7 @@ pub async fn run(
         opts.tls.clone(),
         opts.actor_id.clone(),
         opts.device.clone(),
+        opts.precision,
         cell_tx,
         stop_rx.clone(),
     ));

@@ -16,7 +16,7 @@ use std::{
 };
 
 use bapo_policy::{
-    ModelConfig, Policy,
+    ModelConfig, Policy, Precision,
     burn::prelude::*,
     model::Transformer,
     weights::{self, WeightsHeader},
@@ -95,8 +95,9 @@ impl Assembly {
         Ok(self.payload.len() as u64 == self.update.payload_len)
     }
 
-    /// Verifies and loads the weights into a new policy on `device`.
-    pub fn finish(self, device: &Device) -> Result<Versioned, TransferError> {
+    /// Verifies and loads the weights into a new policy on `device`,
+    /// computing in (and holding its weights in) `precision`.
+    pub fn finish(self, device: &Device, precision: Precision) -> Result<Versioned, TransferError> {
         let version = self.update.version;
         let invalid = |message: String| TransferError::Invalid { version, message };
         let (header, encoding) =
@@ -118,7 +119,7 @@ impl Assembly {
         Ok(Versioned {
             version,
             incarnation: self.update.incarnation,
-            policy: Policy::with_model(config, model, device),
+            policy: Policy::with_model(config, weights::for_inference(model, precision), device),
         })
     }
 }
@@ -131,6 +132,7 @@ pub async fn follow(
     tls: Option<ClientTls>,
     actor_id: String,
     device: Device,
+    precision: Precision,
     cell: watch::Sender<Option<Arc<Versioned>>>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -143,7 +145,7 @@ pub async fn follow(
             .as_ref()
             .map_or((0, 0), |v| (v.version, v.incarnation));
         let result = tokio::select! {
-            r = stream_once(&url, tls.as_ref(), &actor_id, have, &device, &cell, &mut backoff) => r,
+            r = stream_once(&url, tls.as_ref(), &actor_id, have, (&device, precision), &cell, &mut backoff) => r,
             _ = stop.wait_for(|s| *s) => return,
         };
         if let Err(e) = result {
@@ -162,7 +164,7 @@ async fn stream_once(
     tls: Option<&ClientTls>,
     actor_id: &str,
     have: (u64, u64),
-    device: &Device,
+    (device, precision): (&Device, Precision),
     cell: &watch::Sender<Option<Arc<Versioned>>>,
     backoff: &mut Backoff,
 ) -> anyhow::Result<()> {
@@ -199,7 +201,8 @@ async fn stream_once(
         }
         let (assembly, started) = current.take().expect("an update is being assembled");
         let device = device.clone();
-        let loaded = tokio::task::spawn_blocking(move || assembly.finish(&device)).await??;
+        let loaded =
+            tokio::task::spawn_blocking(move || assembly.finish(&device, precision)).await??;
         histogram!(names::WEIGHT_APPLY_SECONDS).record(started.elapsed().as_secs_f64());
         gauge!(names::WEIGHT_VERSION).set(loaded.version as f64);
         tracing::debug!(

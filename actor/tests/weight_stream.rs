@@ -50,7 +50,8 @@ fn deliver(
     if !done {
         return Ok(None);
     }
-    a.finish(&Device::flex()).map(|v| Some(v.version))
+    a.finish(&Device::flex(), Default::default())
+        .map(|v| Some(v.version))
 }
 
 #[test]

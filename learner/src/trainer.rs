@@ -10,7 +10,7 @@
 use std::{collections::BTreeMap, ops::Range, time::Instant};
 
 use bapo_policy::{
-    ModelConfig, Policy,
+    ModelConfig, Policy, Precision,
     burn::{
         module::Module,
         optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer},
@@ -230,6 +230,13 @@ impl Trainer {
         let model = self.model.valid();
         let device = self.device.clone().inner();
         Policy::with_model(self.model_config.clone(), model, &device)
+    }
+
+    /// Computes the forward and backward in `precision` from now on; the
+    /// weights and the optimiser's moments stay f32 (a checkpoint does not
+    /// record the compute dtype, the learner's config does).
+    pub fn set_precision(&mut self, precision: Precision) {
+        self.model.compute = precision;
     }
 
     /// The current weights as trained (autodiff form).

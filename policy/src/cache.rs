@@ -50,7 +50,7 @@ impl KvCache {
             old => {
                 let cap = end.next_power_of_two().max(MIN_CAPACITY);
                 let grow = |old: Option<Tensor<4>>| {
-                    let fresh = Tensor::<4>::zeros([b, cap, kv, d], &k.device());
+                    let fresh = Tensor::<4>::zeros([b, cap, kv, d], &k.device()).cast(k.dtype());
                     match old {
                         Some(o) if start > 0 => {
                             fresh.slice_assign([0..b, 0..start, 0..kv, 0..d], o.narrow(1, 0, start))

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod chat;
 pub mod config;
 pub mod denormals;
+pub mod device;
 pub mod evaluate;
 pub mod generate;
 pub mod hf;
@@ -24,6 +25,7 @@ pub mod weights;
 
 pub use burn;
 pub use config::ModelConfig;
+pub use device::{ComputeDevice, Precision};
 pub use generate::{Finish, Generation, Response};
 pub use policy::Policy;
 pub use sampling::SamplingParams;

@@ -14,7 +14,7 @@ use burn::{
     prelude::*,
 };
 
-use crate::{cache::KvCache, config::ModelConfig, kernels, rope::Rope};
+use crate::{cache::KvCache, config::ModelConfig, device::Precision, kernels, rope::Rope};
 
 /// HF's `initializer_range` default.
 const INIT_STD: f64 = 0.02;
@@ -85,15 +85,26 @@ impl Attention {
 }
 
 /// A Burn `Linear` (its record is the HF checkpoint's projection) applied
-/// through [`kernels::linear`], which speeds up decoding.
+/// through [`kernels::linear`], which speeds up decoding. The weight is
+/// cast to the activations' dtype: a no-op at f32, and under autodiff the
+/// cast's backward returns the gradient to the f32 master weight.
 fn project(l: &Linear, x: Tensor<2>) -> Tensor<2> {
-    kernels::linear(x, l.weight.val(), l.bias.as_ref().map(|b| b.val()))
+    let dt = x.dtype();
+    kernels::linear(
+        x,
+        l.weight.val().cast(dt),
+        l.bias.as_ref().map(|b| b.val().cast(dt)),
+    )
 }
 
 /// Burn's `RmsNorm` module (its record is the HF checkpoint's norm
-/// weight) applied through the fused kernel.
+/// weight) applied through the fused kernel. Always computed in f32, as
+/// HF's `LlamaRMSNorm` does: a mean of squares overflows f16 once an
+/// activation passes 256.
 fn norm(n: &RmsNorm, x: Tensor<2>) -> Tensor<2> {
-    kernels::rms_norm(x, n.gamma.val(), n.epsilon)
+    let dt = x.dtype();
+    let f32 = burn::tensor::FloatDType::F32;
+    kernels::rms_norm(x.cast(f32), n.gamma.val().cast(f32), n.epsilon).cast(dt)
 }
 
 #[derive(Module, Debug)]
@@ -115,8 +126,10 @@ impl Mlp {
 
     fn forward(&self, x: Tensor<2>) -> Tensor<2> {
         let gate = project(&self.gate_proj, x.clone());
-        self.down_proj
-            .forward(kernels::swiglu(gate, project(&self.up_proj, x)))
+        project(
+            &self.down_proj,
+            kernels::swiglu(gate, project(&self.up_proj, x)),
+        )
     }
 }
 
@@ -151,6 +164,11 @@ pub struct Transformer {
     pub norm: RmsNorm,
     /// `None` when tied to `embed_tokens`.
     pub lm_head: Option<Linear>,
+    /// The dtype activations and matmuls run in; not part of the record.
+    /// The weights keep their own dtype (f32 masters on the learner) and
+    /// are cast at use; logits leave in f32.
+    #[module(skip)]
+    pub compute: Precision,
 }
 
 impl Transformer {
@@ -171,7 +189,14 @@ impl Transformer {
                 .init(device),
             lm_head: (!c.tie_word_embeddings)
                 .then(|| dense(c.hidden_size, c.vocab_size, false, device)),
+            compute: Precision::F32,
         }
+    }
+
+    /// The same weights, computing in `precision`.
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.compute = precision;
+        self
     }
 
     /// Logits `[batch, seq, vocab]` for `tokens` `[batch, seq]`. With a
@@ -224,7 +249,8 @@ impl Transformer {
         let mut x = self
             .embed_tokens
             .forward(tokens)
-            .reshape([b * t, self.embed_tokens.weight.dims()[1]]);
+            .reshape([b * t, self.embed_tokens.weight.dims()[1]])
+            .cast(self.compute.dtype());
         for (i, layer) in self.layers.iter().enumerate() {
             let h = norm(&layer.input_layernorm, x.clone());
             let h = layer.self_attn.forward(
@@ -246,13 +272,16 @@ impl Transformer {
         x
     }
 
-    /// Final norm and LM head: `[rows, hidden]` → `[rows, vocab]`.
+    /// Final norm and LM head: `[rows, hidden]` → `[rows, vocab]`, in f32
+    /// whatever the compute dtype (log-probs and sampling read them).
     fn head(&self, x: Tensor<2>) -> Tensor<2> {
         let x = norm(&self.norm, x);
-        match &self.lm_head {
+        let dt = x.dtype();
+        let logits = match &self.lm_head {
             Some(head) => project(head, x),
             // Tied: the embedding matrix `[vocab, hidden]` read transposed.
-            None => kernels::linear(x, self.embed_tokens.weight.val().transpose(), None),
-        }
+            None => kernels::linear(x, self.embed_tokens.weight.val().cast(dt).transpose(), None),
+        };
+        logits.cast(burn::tensor::FloatDType::F32)
     }
 }

@@ -51,7 +51,9 @@ impl Rope {
     pub fn apply(&self, x: Tensor<4>, start: usize) -> Tensor<4> {
         let [_, t, _, d] = x.dims();
         let (cos, sin) = self.tables(start, t);
-        let at = |table: Tensor<2>| table.reshape([1, t, 1, d]);
+        // The tables are f32; a lower compute dtype rotates in its own.
+        let dt = x.dtype();
+        let at = |table: Tensor<2>| table.reshape([1, t, 1, d]).cast(dt);
         Self::rotate(x, at(cos), at(sin), d)
     }
 

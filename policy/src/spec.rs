@@ -8,7 +8,13 @@ use std::path::PathBuf;
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::{config::ModelConfig, hf, policy::Policy, tokenizer::TextTokenizer};
+use crate::{
+    config::ModelConfig,
+    device::{ComputeDevice, DeviceError, Precision},
+    hf,
+    policy::Policy,
+    tokenizer::TextTokenizer,
+};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -22,6 +28,11 @@ pub struct ModelSpec {
     pub tokenizer: Option<PathBuf>,
     /// Seed of a preset's random initial weights.
     pub seed: u64,
+    /// The backend every command runs the model on: `cpu`, `wgpu`, `cuda`.
+    pub device: ComputeDevice,
+    /// The compute dtype of generation and of the learner's forward and
+    /// backward: `f32`, `bf16`, `f16` (weights and optimiser stay f32).
+    pub precision: Precision,
 }
 
 impl Default for ModelSpec {
@@ -31,6 +42,8 @@ impl Default for ModelSpec {
             hf_dir: None,
             tokenizer: None,
             seed: 0,
+            device: ComputeDevice::Cpu,
+            precision: Precision::F32,
         }
     }
 }
@@ -43,6 +56,8 @@ pub enum SpecError {
     Load(#[from] hf::LoadError),
     #[error("model: {0}")]
     Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    #[error("model: {0}")]
+    Device(#[from] DeviceError),
     #[error("model: tokenizer has {tokenizer} tokens but the model only {model}")]
     VocabMismatch { tokenizer: usize, model: usize },
 }
@@ -53,6 +68,23 @@ impl ModelSpec {
             hf_dir: Some(dir),
             ..Self::default()
         }
+    }
+
+    /// The model in `dir`, on this spec's device and precision (a warm
+    /// start or a checkpoint keeps where and how the run computes).
+    pub fn at_dir(&self, dir: PathBuf) -> Self {
+        Self {
+            device: self.device,
+            precision: self.precision,
+            ..Self::from_dir(dir)
+        }
+    }
+
+    /// The Burn device of `self.device`, refused by name when this binary
+    /// lacks its backend or the backend lacks `self.precision`.
+    pub fn burn_device(&self) -> Result<Device, SpecError> {
+        self.device.check(self.precision)?;
+        Ok(self.device.device()?)
     }
 
     pub fn tokenizer(&self) -> Result<TextTokenizer, SpecError> {
@@ -67,13 +99,14 @@ impl ModelSpec {
     }
 
     pub fn load(&self, device: &Device) -> Result<(Policy, TextTokenizer), SpecError> {
-        let policy = match &self.hf_dir {
+        let mut policy = match &self.hf_dir {
             Some(dir) => hf::load(dir, device)?,
             None => {
                 device.seed(self.seed);
                 Policy::init(ModelConfig::preset(&self.preset)?, device)
             }
         };
+        policy.model = policy.model.with_precision(self.precision);
         let tokenizer = self.tokenizer()?;
         if tokenizer.vocab_size() > policy.config.vocab_size {
             return Err(SpecError::VocabMismatch {

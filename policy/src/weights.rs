@@ -42,7 +42,7 @@ use burn::{
     tensor::{Bytes, DType, FloatDType, Tensor},
 };
 
-use crate::model::Transformer;
+use crate::{device::Precision, model::Transformer};
 
 pub const MAGIC: &[u8; 8] = b"BAPOWTS1";
 /// The newest header format, the one that names the encoding (bf16
@@ -297,6 +297,18 @@ pub fn decode_as(
         }),
         None => Ok(model),
     }
+}
+
+/// `model` computing in `precision`, its weights stored in that dtype:
+/// what an actor, which only generates, holds (half the memory and no
+/// cast per step at bf16/f16). The learner keeps f32 weights instead and
+/// casts at use ([`Transformer::with_precision`]).
+pub fn for_inference(model: Transformer, precision: Precision) -> Transformer {
+    let model = match precision {
+        Precision::F32 => model,
+        p => model.map(&mut CastFloats::to(p.dtype())),
+    };
+    model.with_precision(precision)
 }
 
 /// `model` with every float parameter in its device's compute dtype

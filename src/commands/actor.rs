@@ -33,6 +33,8 @@ pub struct ActorArgs {
     pub tokenizer: Option<PathBuf>,
     #[command(flatten)]
     pub tls: TlsArgs,
+    #[command(flatten)]
+    pub device: common::DeviceArgs,
 }
 
 pub async fn run(args: ActorArgs) -> anyhow::Result<()> {
@@ -43,6 +45,9 @@ pub async fn run(args: ActorArgs) -> anyhow::Result<()> {
     if let Some(m) = args.mode {
         cfg.actor.mode = m;
     }
+    args.device.apply(&mut cfg.model);
+    let device = common::device(&cfg.model)?;
+    common::log_device(&cfg.model);
     if let Some(t) = &args.tokenizer {
         cfg.model.tokenizer = Some(t.clone());
     }
@@ -67,7 +72,8 @@ pub async fn run(args: ActorArgs) -> anyhow::Result<()> {
             buffer: args.buffer,
             learner: args.learner,
             actor_id,
-            device: common::device(),
+            device,
+            precision: cfg.model.precision,
             tls,
             reward: cfg.reward,
         },

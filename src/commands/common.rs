@@ -6,21 +6,51 @@ use std::{path::Path, sync::Arc};
 use anyhow::Context;
 use bapo_learner::{checkpoint, run::EvalFn};
 use bapo_policy::{
-    ModelSpec, Policy, burn::prelude::*, chat::ChatTask, evaluate::evaluate,
-    tokenizer::TextTokenizer,
+    ComputeDevice, ModelSpec, Policy, Precision, burn::prelude::*, chat::ChatTask,
+    evaluate::evaluate, tokenizer::TextTokenizer,
 };
 use bapo_tasks::{PromptFormat, Split, Task, TaskSpec};
 
-/// The compute device: the first GPU in a `cuda` build, else the CPU.
-pub fn device() -> Device {
-    #[cfg(feature = "cuda")]
-    {
-        Device::cuda(0)
+/// `--device` and `--precision`, the command line's say over `[model]
+/// device` and `[model] precision`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DeviceArgs {
+    /// Backend of the model: cpu, wgpu or cuda (default: `[model] device`,
+    /// else cpu).
+    #[arg(long)]
+    pub device: Option<ComputeDevice>,
+    /// Compute dtype: f32, bf16 or f16; weights and optimiser stay f32
+    /// (default: `[model] precision`, else f32).
+    #[arg(long)]
+    pub precision: Option<Precision>,
+}
+
+impl DeviceArgs {
+    pub fn apply(&self, spec: &mut ModelSpec) {
+        if let Some(d) = self.device {
+            spec.device = d;
+        }
+        if let Some(p) = self.precision {
+            spec.precision = p;
+        }
     }
-    #[cfg(not(feature = "cuda"))]
-    {
-        Device::flex()
-    }
+}
+
+/// One line in the service's log: where and in what dtype the model runs.
+pub fn log_device(spec: &ModelSpec) {
+    tracing::info!(
+        device = %spec.device,
+        precision = %spec.precision,
+        "model on {} in {}",
+        spec.device,
+        spec.precision
+    );
+}
+
+/// The Burn device `spec` names (refused by name when this binary lacks
+/// its backend).
+pub fn device(spec: &ModelSpec) -> anyhow::Result<Device> {
+    Ok(spec.burn_device()?)
 }
 
 pub fn stop_tokens(tokenizer: &TextTokenizer, names: &[String]) -> anyhow::Result<Vec<u32>> {

@@ -38,6 +38,8 @@ pub struct EvalArgs {
     pub split: EvalSplit,
     #[arg(long, default_value_t = 16)]
     pub max_new_tokens: usize,
+    #[command(flatten)]
+    pub device: common::DeviceArgs,
 }
 
 /// The held-out half `bapo eval` reads.
@@ -71,8 +73,10 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<EvalResult> {
     if let Some(d) = &args.data {
         cfg.task.path = Some(d.clone());
     }
-    let device = common::device();
-    let (policy, tokenizer) = common::load_model_dir(&args.checkpoint, &device)?;
+    args.device.apply(&mut cfg.model);
+    let device = common::device(&cfg.model)?;
+    let (mut policy, tokenizer) = common::load_model_dir(&args.checkpoint, &device)?;
+    policy.model = bapo_policy::weights::for_inference(policy.model, cfg.model.precision);
     let task = common::task(&cfg.task, &tokenizer)?;
     let stop = common::stop_tokens(&tokenizer, &cfg.actor.stop)?;
     let problems = Split::from(args.split).problems(&*task, args.problems);

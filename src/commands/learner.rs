@@ -10,7 +10,7 @@ use bapo_learner::{
     run::{EvalFn, RunOptions},
     server,
 };
-use bapo_policy::{ModelSpec, Policy, burn::prelude::Device, tokenizer::TextTokenizer};
+use bapo_policy::{Policy, burn::prelude::Device, tokenizer::TextTokenizer};
 use clap::Args;
 use tokio::sync::watch;
 
@@ -51,6 +51,8 @@ pub struct LearnerArgs {
     pub export_final: bool,
     #[command(flatten)]
     pub tls: TlsArgs,
+    #[command(flatten)]
+    pub device: common::DeviceArgs,
 }
 
 pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
@@ -62,7 +64,7 @@ pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
         cfg.learner.algo = a.clone();
     }
     if let Some(dir) = &args.init {
-        cfg.model = ModelSpec::from_dir(dir.clone());
+        cfg.model = cfg.model.at_dir(dir.clone());
     }
     cfg.learner.validate()?;
     if let Some(addr) = args.metrics_listen {
@@ -72,7 +74,9 @@ pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
     let security = args.tls.resolve(&cfg.tls)?;
     let server_security = security.server(args.listen)?;
     let buffer_tls = security.client(&args.buffer, Role::Learner)?;
-    let device = common::device();
+    args.device.apply(&mut cfg.model);
+    let device = common::device(&cfg.model)?;
+    common::log_device(&cfg.model);
     let (policy, tokenizer) = cfg.model.load(&device)?;
     let (trainer, provenance) = start_trainer(&args, &cfg, policy, &device)?;
     std::fs::create_dir_all(&args.out)?;
@@ -148,8 +152,9 @@ fn start_trainer(
             Provenance::default(),
         ));
     };
-    let (t, state) = checkpoint::load(&dir, cfg.learner.clone(), device)
+    let (mut t, state) = checkpoint::load(&dir, cfg.learner.clone(), device)
         .with_context(|| format!("resuming from {}", dir.display()))?;
+    t.set_precision(cfg.model.precision);
     tracing::info!(
         step = state.step,
         version = state.policy_version,

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::common;
 use crate::local::{options::RunOptions, run};
 
 #[derive(Debug, Args)]
@@ -49,6 +50,8 @@ pub struct RunArgs {
     /// No progress bar: log lines only.
     #[arg(long)]
     pub quiet: bool,
+    #[command(flatten)]
+    pub device: common::DeviceArgs,
 }
 
 impl RunArgs {
@@ -66,6 +69,7 @@ impl RunArgs {
             sft_steps: self.sft_steps,
             seed: self.seed,
             quiet: self.quiet,
+            device: self.device,
         }
     }
 }

@@ -29,6 +29,8 @@ pub struct SftArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    #[command(flatten)]
+    pub device: common::DeviceArgs,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -50,6 +52,7 @@ pub fn run(args: SftArgs) -> anyhow::Result<()> {
     if let Some(s) = args.steps {
         cfg.sft.steps = s;
     }
+    args.device.apply(&mut cfg.model);
     let summary = warm_start(&cfg, &args.out, args.eval_problems, args.quiet)?;
     println!("{}", serde_json::to_string(&summary)?);
     Ok(())
@@ -63,7 +66,7 @@ pub fn warm_start(
     quiet: bool,
 ) -> anyhow::Result<SftSummary> {
     let t0 = std::time::Instant::now();
-    let device = common::device();
+    let device = common::device(&cfg.model)?;
     let (policy, tokenizer) = cfg.model.load(&device)?;
     let task = common::task(&cfg.task, &tokenizer)?;
     let stop = common::stop_tokens(&tokenizer, &cfg.actor.stop)?;

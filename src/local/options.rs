@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::config_file::ConfigFile;
+use crate::{commands::common::DeviceArgs, config_file::ConfigFile};
 
 /// Overrides of the config file (`None` keeps the file's value) and how to run.
 #[derive(Debug, Clone, Default)]
@@ -27,6 +27,8 @@ pub struct RunOptions {
     pub seed: Option<u64>,
     /// No progress bar: log lines only.
     pub quiet: bool,
+    /// `--device`, `--precision`: every process's `[model]` device and dtype.
+    pub device: DeviceArgs,
 }
 
 impl RunOptions {
@@ -60,6 +62,7 @@ impl RunOptions {
             c.learner.seed = s;
             c.actor.sampling.seed = s;
         }
+        self.device.apply(&mut c.model);
         if let Some(o) = &self.out {
             c.run.out = Some(o.clone());
         }

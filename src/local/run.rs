@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use bapo_policy::{ModelSpec, evaluate::EvalResult};
+use bapo_policy::evaluate::EvalResult;
 
 use super::{
     options::RunOptions,
@@ -27,6 +27,8 @@ use crate::{
 pub async fn run(opts: &RunOptions) -> anyhow::Result<LocalRunSummary> {
     let t_start = Instant::now();
     let mut cfg = opts.resolve()?;
+    // Refused here, by name, rather than after the warm start.
+    common::device(&cfg.model)?;
     let out = cfg.run.out.clone().unwrap_or_else(|| {
         let t = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -113,7 +115,7 @@ async fn warm_start(
     out: &Path,
 ) -> anyhow::Result<Option<u64>> {
     if let Some(init) = &opts.init {
-        cfg.model = ModelSpec::from_dir(init.clone());
+        cfg.model = cfg.model.at_dir(init.clone());
         return Ok(None);
     }
     if !cfg.run.sft {
@@ -133,7 +135,7 @@ async fn warm_start(
         "warm start: {} steps, final nll {:.3}{acc}, {:.0} s",
         s.steps, s.final_nll, s.seconds
     );
-    cfg.model = ModelSpec::from_dir(sft_dir);
+    cfg.model = cfg.model.at_dir(sft_dir);
     Ok(Some(s.steps))
 }
 
@@ -145,10 +147,13 @@ fn starting_model(cfg: &mut ConfigFile, out: &Path) -> anyhow::Result<PathBuf> {
         return Ok(d.clone());
     }
     let dir = out.join("init");
-    let (p, tok) = cfg.model.load(&common::device())?;
+    // Made on the CPU: a seed gives the same weights whatever the backend.
+    let (p, tok) = cfg
+        .model
+        .load(&bapo_policy::burn::prelude::Device::flex())?;
     bapo_policy::hf::save(&p, &dir)?;
     tok.save(&dir.join("tokenizer.json"))?;
-    cfg.model = ModelSpec::from_dir(dir.clone());
+    cfg.model = cfg.model.at_dir(dir.clone());
     Ok(dir)
 }
 
@@ -164,6 +169,8 @@ async fn evaluate(cfg: &ConfigFile, config: &Path, dir: PathBuf) -> anyhow::Resu
         temperature: None,
         split: eval::EvalSplit::Test,
         max_new_tokens: cfg.learner.eval_max_new_tokens,
+        // The config file says where: `[model] device` and `precision`.
+        device: Default::default(),
     };
     tokio::task::spawn_blocking(move || eval::eval(&a)).await?
 }

@@ -218,6 +218,7 @@ pub fn actor_options(buffer: &str, learner: &str, id: &str) -> bapo_actor::Actor
         learner: learner.to_string(),
         actor_id: id.into(),
         device: bapo_policy::burn::prelude::Device::flex(),
+        precision: Default::default(),
         tls: None,
         reward: Default::default(),
     }

@@ -122,21 +122,23 @@ pub trait PolicyKernels: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// Whether the fused CPU kernels serve tensors on `device`.
-/// `BAPO_FUSED_KERNELS=0` turns them off (the composed ops run instead), to
-/// compare the two on a real workload.
-fn fused(device: &Device) -> bool {
+/// Whether the fused CPU kernels serve `x`: f32 tensors on the CPU
+/// backend (they are written for f32; a lower precision, and every other
+/// backend, runs the composed ops). `BAPO_FUSED_KERNELS=0` turns them off,
+/// to compare the two on a real workload.
+fn fused<const D: usize>(x: &Tensor<D>) -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("BAPO_FUSED_KERNELS").map_or(true, |v| v != "0"))
+        && x.dtype() == burn::tensor::DType::F32
         && matches!(
-            device.clone().without_autodiff().as_dispatch(),
+            x.device().without_autodiff().as_dispatch(),
             DispatchDevice::Flex(_)
         )
 }
 
 /// RMSNorm of each row of `x` `[rows, hidden]` with scale `gamma`.
 pub fn rms_norm(x: Tensor<2>, gamma: Tensor<1>, eps: f64) -> Tensor<2> {
-    if !fused(&x.device()) {
+    if !fused(&x) {
         return reference::rms_norm(x, gamma, eps);
     }
     Tensor::from_dispatch(<Dispatch as PolicyKernels>::rms_norm(
@@ -153,7 +155,7 @@ pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
         up.dims(),
         "swiglu: gate and up differ in shape"
     );
-    if !fused(&gate.device()) {
+    if !fused(&gate) {
         return reference::swiglu(gate, up);
     }
     Tensor::from_dispatch(<Dispatch as PolicyKernels>::swiglu(
@@ -179,7 +181,7 @@ pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
         q.dims(),
         k.dims()
     );
-    if !fused(&q.device()) {
+    if !fused(&q) {
         return reference::causal_attention(q, k, v);
     }
     Tensor::from_dispatch(<Dispatch as PolicyKernels>::causal_attention(
@@ -204,8 +206,7 @@ const FEW_ROWS: usize = 64;
 /// tied 8192-word head in 1.8 ms instead of 4.4 ms). Training (autodiff)
 /// and larger batches keep Burn's path.
 pub fn linear(x: Tensor<2>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<2> {
-    let device = x.device();
-    if x.dims()[0] > FEW_ROWS || device.is_autodiff() || !fused(&device) {
+    if x.dims()[0] > FEW_ROWS || x.device().is_autodiff() || !fused(&x) || !fused(&weight) {
         return burn::tensor::module::linear(x, weight, bias);
     }
     let y = Tensor::from_dispatch(<Dispatch as PolicyKernels>::few_rows_matmul(
@@ -240,7 +241,7 @@ pub fn cached_attention(
         q.dims(),
         k_cache.dims()
     );
-    if !fused(&q.device()) {
+    if !fused(&q) {
         return reference::cached_attention(q, k_cache, v_cache, offset);
     }
     Tensor::from_dispatch(<Dispatch as PolicyKernels>::cached_attention(
@@ -271,7 +272,7 @@ pub fn next_token_logprobs_and_entropy(
         temperature > 0.0 && temperature.is_finite(),
         "temperature must be positive, got {temperature}"
     );
-    let stats = if fused(&logits.device()) {
+    let stats = if fused(&logits) {
         Tensor::from_dispatch(<Dispatch as PolicyKernels>::next_token_stats(
             logits.into_dispatch(),
             tokens.into_dispatch(),

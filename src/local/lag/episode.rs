@@ -23,7 +23,6 @@ use bapo_tasks::{Problem, Task};
 use serde::Serialize;
 
 use super::{arms::Arm, probe::EntropyProbe};
-use crate::commands::common;
 
 /// What every arm of the experiment shares.
 pub struct Setup {
@@ -101,7 +100,8 @@ impl Setup {
     pub fn run(&self, arm: &Arm, seed: u64) -> anyhow::Result<ArmRun> {
         let t0 = std::time::Instant::now();
         let cfg = arm.learner(&self.base, seed);
-        let (init, _) = ModelSpec::from_dir(self.init.clone()).load(&common::device())?;
+        let (init, _) = ModelSpec::from_dir(self.init.clone())
+            .load(&bapo_policy::burn::prelude::Device::flex())?;
         let mut trainer = Trainer::new(cfg, init, 0)?;
         let mut ring: VecDeque<(u64, Policy)> = VecDeque::from([(0, trainer.policy())]);
         let (mut probes, mut steps) = (Vec::new(), Vec::new());
@@ -234,12 +234,15 @@ mod tests {
     use bapo_tasks::TaskSpec;
 
     use super::*;
+    use crate::commands::common;
     use crate::local::lag::arms;
 
     /// A fresh tiny model saved as the warm start, level-1 arithmetic,
     /// two groups of four per step.
     fn setup(dir: &std::path::Path, steps: u64) -> Setup {
-        let (policy, tokenizer) = ModelSpec::default().load(&common::device()).unwrap();
+        let (policy, tokenizer) = ModelSpec::default()
+            .load(&bapo_policy::burn::prelude::Device::flex())
+            .unwrap();
         hf::save(&policy, dir).unwrap();
         tokenizer.save(&dir.join("tokenizer.json")).unwrap();
         let task = common::task(&TaskSpec::default(), &tokenizer).unwrap();
@@ -307,7 +310,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = setup(dir.path(), 1);
         let (init, _) = ModelSpec::from_dir(s.init.clone())
-            .load(&common::device())
+            .load(&bapo_policy::burn::prelude::Device::flex())
             .unwrap();
         let mut trainer = Trainer::new(s.base.clone(), init, 0).unwrap();
         let snapshot = trainer.policy();

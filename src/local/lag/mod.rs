@@ -134,7 +134,7 @@ fn warm_start(cfg: &ConfigFile, study: &LagStudy) -> anyhow::Result<PathBuf> {
 }
 
 fn setup(cfg: &ConfigFile, study: &LagStudy, init: &std::path::Path) -> anyhow::Result<Setup> {
-    let device = common::device();
+    let device = bapo_policy::burn::prelude::Device::flex();
     let (_, tokenizer) = ModelSpec::from_dir(init.to_path_buf())
         .load(&device)
         .with_context(|| format!("loading {}", init.display()))?;

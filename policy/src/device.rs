@@ -1,0 +1,241 @@
+//! Which Burn backend runs the model, chosen at run time (`--device`,
+//! `[model] device`), and in which floating-point precision it computes
+//! (`[model] precision`).
+//!
+//! Why a choice of our own rather than Burn's `Device::default()`: that
+//! one picks the "best" compiled backend silently, so a binary built with
+//! `wgpu` would move every command onto a GPU (or a software Vulkan
+//! driver) without being asked. Here the CPU stays the default and a
+//! backend the binary was not built with is refused by name.
+
+use std::{fmt, str::FromStr};
+
+use burn::{prelude::*, tensor::FloatDType};
+use serde::{Deserialize, Serialize};
+
+/// The backend a command runs the model on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeDevice {
+    /// Burn's `flex`, pure Rust, with this crate's fused kernels.
+    #[default]
+    Cpu,
+    /// Burn's wgpu backend (Vulkan, Metal, DX12; on a machine without a
+    /// GPU, a software Vulkan driver such as lavapipe). Feature `wgpu`.
+    Wgpu,
+    /// The first CUDA device. Feature `cuda`.
+    Cuda,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error(
+        "device {0:?}: this binary was built without the `{0}` cargo feature \
+         (rebuild with `--features {0}`)"
+    )]
+    NotBuilt(&'static str),
+    #[error(
+        "device wgpu: no usable adapter ({0}); on a machine without a GPU, install a \
+             software Vulkan driver (Debian: mesa-vulkan-drivers)"
+    )]
+    Unavailable(String),
+    #[error("unknown device {0:?}: expected cpu, wgpu or cuda")]
+    Unknown(String),
+    #[error(
+        "precision bf16 on wgpu: WGSL has no bf16 type; use precision = \"f16\" \
+         (or bf16 on cpu or cuda)"
+    )]
+    Bf16OnWgpu,
+    #[error("unknown precision {0:?}: expected f32, bf16 or f16")]
+    UnknownPrecision(String),
+}
+
+impl ComputeDevice {
+    pub const ALL: [ComputeDevice; 3] = [Self::Cpu, Self::Wgpu, Self::Cuda];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Wgpu => "wgpu",
+            Self::Cuda => "cuda",
+        }
+    }
+
+    /// Whether this binary carries the backend.
+    pub fn is_built(self) -> bool {
+        match self {
+            Self::Cpu => true,
+            Self::Wgpu => cfg!(feature = "wgpu"),
+            Self::Cuda => cfg!(feature = "cuda"),
+        }
+    }
+
+    /// Refuses a precision this backend cannot compute in.
+    pub fn check(self, precision: Precision) -> Result<(), DeviceError> {
+        match (self, precision) {
+            (Self::Wgpu, Precision::Bf16) => Err(DeviceError::Bf16OnWgpu),
+            _ => Ok(()),
+        }
+    }
+
+    /// The Burn device, or why this binary cannot give it. wgpu starts
+    /// here (once per process); CUDA with the first tensor put on it.
+    pub fn device(self) -> Result<Device, DeviceError> {
+        match self {
+            Self::Cpu => Ok(Device::flex()),
+            Self::Wgpu => wgpu_device(),
+            Self::Cuda => cuda_device(),
+        }
+    }
+}
+
+/// The wgpu device, started once per process: here, not at the first
+/// tensor, so a machine without a usable adapter is refused at start with
+/// wgpu's reason instead of a panic mid-run.
+/// The wgpu device for a test that runs there where it can: `None`, with a
+/// line saying why the test skips, when this binary or machine has none.
+/// With `BAPO_REQUIRE_WGPU=1` (CI sets it, after installing a software
+/// Vulkan driver) a missing device fails the test instead, so the GPU code
+/// path cannot quietly stop being executed.
+pub fn wgpu_for_test(test: &str) -> Option<Device> {
+    match ComputeDevice::Wgpu.device() {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("BAPO_REQUIRE_WGPU").is_ok_and(|v| v == "1") => {
+            panic!("{test}: BAPO_REQUIRE_WGPU=1 but {e}")
+        }
+        Err(e) => {
+            eprintln!("{test}: skipped on wgpu: {e}");
+            None
+        }
+    }
+}
+
+#[cfg(feature = "wgpu")]
+fn wgpu_device() -> Result<Device, DeviceError> {
+    static DEVICE: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
+    DEVICE
+        .get_or_init(|| Device::wgpu_options().init().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(DeviceError::Unavailable)
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn wgpu_device() -> Result<Device, DeviceError> {
+    Err(DeviceError::NotBuilt("wgpu"))
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device() -> Result<Device, DeviceError> {
+    Ok(Device::cuda(0))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device() -> Result<Device, DeviceError> {
+    Err(DeviceError::NotBuilt("cuda"))
+}
+
+impl fmt::Display for ComputeDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ComputeDevice {
+    type Err = DeviceError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|d| d.name() == s.to_ascii_lowercase())
+            .ok_or_else(|| DeviceError::Unknown(s.to_string()))
+    }
+}
+
+/// The dtype the model computes in. Weights are kept (and trained) in f32
+/// whatever this says: a lower precision casts them at use, so the
+/// optimiser's state and its updates stay exact, and log-probabilities,
+/// entropies and the loss are always computed in f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    F32,
+    Bf16,
+    F16,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::F16 => "f16",
+        }
+    }
+
+    pub fn dtype(self) -> FloatDType {
+        match self {
+            Self::F32 => FloatDType::F32,
+            Self::Bf16 => FloatDType::BF16,
+            Self::F16 => FloatDType::F16,
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Precision {
+    type Err = DeviceError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [Self::F32, Self::Bf16, Self::F16]
+            .into_iter()
+            .find(|p| p.name() == s.to_ascii_lowercase())
+            .ok_or_else(|| DeviceError::UnknownPrecision(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_ones_are_named() {
+        for d in ComputeDevice::ALL {
+            assert_eq!(d.name().parse::<ComputeDevice>().unwrap(), d);
+        }
+        let err = "tpu".parse::<ComputeDevice>().unwrap_err().to_string();
+        assert!(err.contains("\"tpu\""), "{err}");
+        assert_eq!("BF16".parse::<Precision>().unwrap(), Precision::Bf16);
+        assert!("f8".parse::<Precision>().is_err());
+    }
+
+    #[test]
+    fn bf16_on_wgpu_is_refused_by_name() {
+        let e = ComputeDevice::Wgpu.check(Precision::Bf16).unwrap_err();
+        assert!(e.to_string().contains("WGSL has no bf16"), "{e}");
+        assert!(ComputeDevice::Wgpu.check(Precision::F16).is_ok());
+        assert!(ComputeDevice::Cpu.check(Precision::Bf16).is_ok());
+    }
+
+    #[test]
+    fn a_backend_not_built_in_is_refused_by_name() {
+        for d in ComputeDevice::ALL {
+            match d.device() {
+                Ok(_) => assert!(d.is_built()),
+                Err(DeviceError::Unavailable(why)) => {
+                    assert!(d.is_built());
+                    eprintln!("{d} is built in but has no adapter here: {why}");
+                }
+                Err(e) => {
+                    assert!(!d.is_built());
+                    assert!(e.to_string().contains(&format!("--features {d}")), "{e}");
+                }
+            }
+        }
+    }
+}
