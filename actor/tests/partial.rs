@@ -11,10 +11,12 @@ use bapo_actor::{
 };
 use bapo_policy::{ModelConfig, Policy, SamplingParams, burn::prelude::*};
 
-fn policy(seed: u64) -> Policy {
-    let device = Device::flex();
-    device.seed(seed);
-    Policy::init(ModelConfig::preset("tiny").unwrap(), &device)
+/// Random weights of `seed`, made on the CPU and moved to `device`.
+fn policy(seed: u64, device: &Device) -> Policy {
+    let cpu = Device::flex();
+    cpu.seed(seed);
+    let p = Policy::init(ModelConfig::preset("tiny").unwrap(), &cpu);
+    Policy::with_model(p.config, p.model.to_device(device), device)
 }
 
 /// Log-prob of every response token under `p`, in one full forward pass.
@@ -35,15 +37,19 @@ type Run = (
 /// Generates from weights v1 (incarnation 10) and switches to v2 of
 /// `v2_incarnation` after `switch_at` tokens.
 fn run_with(mode: UpdateMode, switch_at: usize, v2_incarnation: u64) -> Run {
+    run_on(mode, switch_at, v2_incarnation, &Device::flex())
+}
+
+fn run_on(mode: UpdateMode, switch_at: usize, v2_incarnation: u64, device: &Device) -> Run {
     let v1 = Arc::new(Versioned {
         version: 1,
         incarnation: 10,
-        policy: policy(1),
+        policy: policy(1, device),
     });
     let v2 = Arc::new(Versioned {
         version: 2,
         incarnation: v2_incarnation,
-        policy: policy(2),
+        policy: policy(2, device),
     });
     let params = SamplingParams {
         temperature: 1.0,
@@ -87,8 +93,23 @@ fn run(
 
 #[test]
 fn partial_mode_records_each_tokens_version_and_its_log_prob() {
+    partial_mode_on(&Device::flex());
+}
+
+/// The same weight swap mid-generation on wgpu: the cache dropped and
+/// rebuilt on the device, and each token's recorded log-prob read back
+/// from it.
+#[test]
+fn partial_mode_swaps_weights_mid_generation_on_wgpu() {
+    if let Some(device) = bapo_policy::device::wgpu_for_test("partial rollout on wgpu") {
+        partial_mode_on(&device);
+    }
+}
+
+fn partial_mode_on(device: &Device) {
     let switch_at = 4;
-    let (responses, v1, v2) = run(UpdateMode::Partial, switch_at);
+    let (responses, incarnation, v1, v2) = run_on(UpdateMode::Partial, switch_at, 10, device);
+    assert_eq!(incarnation, 10);
     for r in &responses {
         assert_eq!(r.tokens.len(), 10);
         assert_eq!(&r.versions[..switch_at], &[1; 4]);

@@ -1,11 +1,25 @@
 //! Parity with Hugging Face transformers on tiny random Llama and Qwen2
 //! checkpoints made by `scripts/make-policy-fixtures.sh` (committed; no
-//! Python needed here): logits within 1e-4, identical greedy continuation.
+//! Python needed here): logits within 1e-4, identical greedy continuation,
+//! on the CPU backend and on wgpu (where this machine has a Vulkan driver;
+//! CI runs it on lavapipe), in f32 and in the half precisions.
+//!
+//! Tolerances, for logits of magnitude up to 5.7. f32: 1e-4, about 20
+//! ulps at that size, room for another summation order (a GPU reduces in
+//! trees, the CPU in sequence; measured 7e-6 on lavapipe, 5e-6 on the
+//! CPU) and nothing more. Half precision rounds every weight and
+//! activation to 8 (bf16) or 11 (f16) significant bits, 2⁻⁹ or 2⁻¹²
+//! relative per operation, and the two layers' matmuls compound it:
+//! measured 0.15-0.17 for bf16 and 0.014-0.020 for f16 (the ratio of ~8
+//! is the 3 bits between them). The bounds, 0.3 and 0.04, leave a margin
+//! of about 2 and stay far below the logits' own size, which is what a
+//! weight in the wrong layout or an op in the wrong dtype gets wrong.
 
 use std::path::PathBuf;
 
 use bapo_policy::{
-    Generation, Policy, SamplingParams, burn::prelude::*, hf, tokenizer::TextTokenizer,
+    Generation, Policy, Precision, SamplingParams, burn::prelude::*, device::wgpu_for_test, hf,
+    tokenizer::TextTokenizer, weights,
 };
 
 struct Reference {
@@ -53,11 +67,16 @@ fn reference(name: &str) -> Reference {
 
 /// Loads checkpoint `dir` and compares it with reference `name`.
 fn check_against(dir: &str, name: &str) {
-    let device = Device::flex();
-    let policy = hf::load(&fixture(dir), &device).unwrap();
+    check_on(dir, name, &Device::flex(), Precision::F32, 1e-4);
+}
+
+/// The largest |logit − transformers' logit| of checkpoint `dir` against
+/// reference `name` on `device` computing in `precision`.
+fn logit_error(dir: &str, name: &str, device: &Device, precision: Precision) -> f32 {
+    let policy = load(dir, device, precision);
     let r = reference(name);
     let logits = policy.model.forward(
-        Policy::tokens(std::slice::from_ref(&r.input_ids), &device),
+        Policy::tokens(std::slice::from_ref(&r.input_ids), device),
         &policy.rope,
         None,
     );
@@ -69,8 +88,28 @@ fn check_against(dir: &str, name: &str) {
             worst = worst.max((got[t * v + j] - want).abs());
         }
     }
-    assert!(worst < 1e-4, "{name}: max |logit diff| {worst}");
+    worst
+}
 
+fn load(dir: &str, device: &Device, precision: Precision) -> Policy {
+    let mut policy = hf::load(&fixture(dir), device).unwrap();
+    policy.model = weights::for_inference(policy.model, precision);
+    policy
+}
+
+/// Logits within `tolerance`, and in f32 the same greedy continuation.
+fn check_on(dir: &str, name: &str, device: &Device, precision: Precision, tolerance: f32) {
+    let worst = logit_error(dir, name, device, precision);
+    eprintln!("{name} on {device:?} in {precision}: max |logit diff| {worst:.2e}");
+    assert!(
+        worst < tolerance,
+        "{name} in {precision}: max |logit diff| {worst} (tolerance {tolerance})"
+    );
+    if precision != Precision::F32 {
+        return;
+    }
+    let policy = load(dir, device, precision);
+    let r = reference(name);
     let mut g = Generation::new(
         r.input_ids.clone(),
         1,
@@ -115,6 +154,36 @@ fn llama_matches_transformers() {
 fn qwen2_matches_transformers() {
     check("qwen2");
 }
+
+#[test]
+fn llama_and_qwen2_match_transformers_on_wgpu() {
+    let Some(device) = wgpu_for_test("hf parity") else {
+        return;
+    };
+    for name in ["llama", "qwen2"] {
+        check_on(name, name, &device, Precision::F32, 1e-4);
+    }
+}
+
+/// Half precision where each backend has it: bf16 and f16 on the CPU,
+/// f16 on wgpu (WGSL has no bf16; lavapipe offers `shaderFloat16`).
+#[test]
+fn half_precision_logits_stay_near_transformers() {
+    let cpu = Device::flex();
+    for name in ["llama", "qwen2"] {
+        check_on(name, name, &cpu, Precision::Bf16, BF16_TOLERANCE);
+        check_on(name, name, &cpu, Precision::F16, F16_TOLERANCE);
+    }
+    if let Some(gpu) = wgpu_for_test("f16 parity") {
+        for name in ["llama", "qwen2"] {
+            check_on(name, name, &gpu, Precision::F16, F16_TOLERANCE);
+        }
+    }
+}
+
+/// See the module's note on tolerances.
+const BF16_TOLERANCE: f32 = 0.3;
+const F16_TOLERANCE: f32 = 0.04;
 
 #[test]
 fn a_sharded_checkpoint_loads_as_the_single_file_one() {

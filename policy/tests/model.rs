@@ -1,9 +1,11 @@
 //! The model's own consistency: cached decoding equals full recomputation,
 //! a chunked prefill after cached positions equals one pass, the learner's
-//! log-probs equal the actor's, and gradients flow.
+//! log-probs equal the actor's, and gradients flow; the first four again on
+//! wgpu, where the same code runs as GPU kernels.
 
 use bapo_policy::{
-    Generation, ModelConfig, Policy, SamplingParams, burn::prelude::*, cache::KvCache,
+    Generation, ModelConfig, Policy, Precision, SamplingParams, burn::prelude::*,
+    burn::tensor::DType, cache::KvCache, device::wgpu_for_test, weights,
 };
 
 fn tiny() -> ModelConfig {
@@ -29,7 +31,11 @@ fn max_abs_diff(a: Tensor<3>, b: Tensor<3>) -> f32 {
 
 #[test]
 fn cached_decoding_equals_full_recomputation() {
-    let device = Device::flex();
+    cached_decoding_equals_full_recomputation_on(&Device::flex());
+}
+
+fn cached_decoding_equals_full_recomputation_on(device: &Device) {
+    let device = device.clone();
     let policy = Policy::init(tiny(), &device);
     let params = SamplingParams {
         temperature: 0.0,
@@ -92,7 +98,11 @@ fn a_batch_refuses_prompts_of_different_lengths() {
 
 #[test]
 fn a_chunked_prefill_after_cached_positions_equals_one_pass() {
-    let device = Device::flex();
+    a_chunked_prefill_after_cached_positions_equals_one_pass_on(&Device::flex());
+}
+
+fn a_chunked_prefill_after_cached_positions_equals_one_pass_on(device: &Device) {
+    let device = device.clone();
     let policy = Policy::init(tiny(), &device);
     let rows = vec![(0..9).map(|i| (i * 7 + 1) % 97).collect::<Vec<u32>>(); 2];
     let all = Policy::tokens(&rows, &device);
@@ -111,7 +121,11 @@ fn a_chunked_prefill_after_cached_positions_equals_one_pass() {
 
 #[test]
 fn learner_log_probs_equal_the_actors_behaviour_log_probs() {
-    let device = Device::flex();
+    learner_log_probs_equal_the_actors_behaviour_log_probs_on(&Device::flex());
+}
+
+fn learner_log_probs_equal_the_actors_behaviour_log_probs_on(device: &Device) {
+    let device = device.clone();
     let policy = Policy::init(tiny(), &device);
     let prompt = vec![1, 2, 3, 4];
     for temperature in [1.0f32, 0.7] {
@@ -149,7 +163,11 @@ fn learner_log_probs_equal_the_actors_behaviour_log_probs() {
 
 #[test]
 fn a_paused_generation_continues_with_new_weights_and_records_both_versions() {
-    let device = Device::flex();
+    a_paused_generation_continues_with_new_weights_and_records_both_versions_on(&Device::flex());
+}
+
+fn a_paused_generation_continues_with_new_weights_and_records_both_versions_on(device: &Device) {
+    let device = device.clone();
     let old = Policy::init(tiny(), &device);
     let new = Policy::init(tiny(), &device);
     let params = SamplingParams {
@@ -206,4 +224,139 @@ fn gradients_flow_to_every_layer() {
             .grad(&grads)
             .is_some()
     );
+}
+
+/// The cache, prefill, log-prob and weight-swap properties on wgpu: device
+/// buffers, `slice_assign` into the cache, the composed attention and
+/// log-prob ops instead of the CPU kernels, and host reads of logits.
+#[test]
+fn the_generation_properties_hold_on_wgpu() {
+    let Some(device) = wgpu_for_test("generation on wgpu") else {
+        return;
+    };
+    device.seed(0);
+    cached_decoding_equals_full_recomputation_on(&device);
+    a_chunked_prefill_after_cached_positions_equals_one_pass_on(&device);
+    learner_log_probs_equal_the_actors_behaviour_log_probs_on(&device);
+    a_paused_generation_continues_with_new_weights_and_records_both_versions_on(&device);
+}
+
+/// Every weight matrix of `model` with its name: what the gradient
+/// comparisons below walk.
+fn named_weights(model: &bapo_policy::model::Transformer) -> Vec<(String, Tensor<2>)> {
+    let mut out = vec![("embed_tokens".to_string(), model.embed_tokens.weight.val())];
+    for (i, l) in model.layers.iter().enumerate() {
+        let a = &l.self_attn;
+        let m = &l.mlp;
+        for (n, w) in [
+            ("q_proj", &a.q_proj),
+            ("k_proj", &a.k_proj),
+            ("v_proj", &a.v_proj),
+            ("o_proj", &a.o_proj),
+            ("gate_proj", &m.gate_proj),
+            ("up_proj", &m.up_proj),
+            ("down_proj", &m.down_proj),
+        ] {
+            out.push((format!("layers.{i}.{n}"), w.weight.val()));
+        }
+    }
+    out
+}
+
+/// The gradients of a learner-like objective (weighted log-probs plus an
+/// entropy bonus) for every weight matrix, as host vectors.
+fn objective_gradients(policy: &Policy, device: &Device) -> Vec<(String, Vec<f32>)> {
+    let rows = vec![vec![1, 2, 3, 4, 5, 6, 7, 8], vec![9, 8, 7, 6, 5, 4, 3, 2]];
+    let tokens = Policy::tokens(&rows, device);
+    let (lp, entropy) = policy.token_logprobs(tokens, 0.8);
+    let w: Vec<f32> = (0..14).map(|i| (i as f32 - 6.5) / 7.0).collect();
+    let w = Tensor::<2>::from_data(TensorData::new(w, [2, 7]), device);
+    let grads = (lp * w)
+        .sum()
+        .add(entropy.sum().mul_scalar(0.01))
+        .backward();
+    named_weights(&policy.model)
+        .into_iter()
+        .map(|(n, t)| {
+            let g = t
+                .grad(&grads)
+                .unwrap_or_else(|| panic!("{n} has no gradient"));
+            assert_eq!(g.dtype(), DType::F32, "{n}: the gradient of an f32 weight");
+            (
+                n,
+                g.into_data().convert::<f32>().try_to_vec::<f32>().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// An independent copy of `p`'s weights on `device`, with parameters of
+/// its own (as an actor receives them): a module clone moved with
+/// `to_device` shares its parameters' identity with the original, and
+/// after a backward through one of them the other's lookups find no
+/// gradient.
+fn copy_to(p: &Policy, device: &Device) -> Policy {
+    let (header, payload) = weights::encode(&p.model, 0).unwrap();
+    let fresh = bapo_policy::model::Transformer::init(&p.config, device);
+    let model = weights::decode(&header, payload.to_vec(), fresh).unwrap();
+    Policy::with_model(p.config.clone(), model, device)
+}
+
+/// The largest |a − b| of each pair relative to the largest |a| of that
+/// weight's gradient.
+fn worst_relative_gap(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> (String, f32) {
+    a.iter()
+        .zip(b)
+        .map(|((n, x), (_, y))| {
+            let scale = x.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+            let gap = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+            (n.clone(), gap / scale)
+        })
+        .fold((String::new(), 0.0), |w, c| if c.1 > w.1 { c } else { w })
+}
+
+/// The same weights on the CPU and on wgpu give the same gradients (the
+/// CPU's are the fused kernels' hand-written backward; wgpu's come from
+/// Burn's autodiff of the composed ops): relative gap below 1e-3, the
+/// scale of f32 summation-order differences over 2 layers.
+#[test]
+fn gradients_on_wgpu_match_the_cpu() {
+    let Some(gpu) = wgpu_for_test("gradients on wgpu") else {
+        return;
+    };
+    let cpu = Device::flex().autodiff();
+    let gpu = gpu.autodiff();
+    let start = Policy::init(tiny(), &Device::flex());
+    let on_cpu = copy_to(&start, &cpu);
+    let on_gpu = copy_to(&start, &gpu);
+    let (name, gap) = worst_relative_gap(
+        &objective_gradients(&on_cpu, &cpu),
+        &objective_gradients(&on_gpu, &gpu),
+    );
+    eprintln!("wgpu vs cpu: worst relative gradient gap {gap:.2e} ({name})");
+    assert!(gap < 1e-3, "{name}: relative gradient gap {gap}");
+}
+
+/// Mixed precision as the learner runs it: f32 master weights, the
+/// forward and backward in bf16 or f16, log-probs in f32. The gradients
+/// reach the f32 weights in f32 and stay close to the full-precision ones
+/// (half precision's rounding is 2⁻⁸ / 2⁻¹¹ relative per op).
+#[test]
+fn half_precision_trains_f32_master_weights() {
+    let cpu = Device::flex().autodiff();
+    let start = Policy::init(tiny(), &Device::flex());
+    let exact = objective_gradients(&copy_to(&start, &cpu), &cpu);
+    let mut half = vec![(Precision::Bf16, 0.1, cpu.clone())];
+    half.push((Precision::F16, 0.02, cpu.clone()));
+    if let Some(gpu) = wgpu_for_test("f16 gradients on wgpu") {
+        half.push((Precision::F16, 0.02, gpu.autodiff()));
+    }
+    for (precision, tolerance, device) in half {
+        let mut p = copy_to(&start, &device);
+        p.model = p.model.with_precision(precision);
+        let (name, gap) = worst_relative_gap(&exact, &objective_gradients(&p, &device));
+        eprintln!("{precision} on {device:?}: worst relative gradient gap {gap:.2e} ({name})");
+        assert!(gap < tolerance, "{precision}: {name} off by {gap} relative");
+        assert_eq!(p.model.embed_tokens.weight.val().dtype(), DType::F32);
+    }
 }
