@@ -8,7 +8,7 @@
 mod common;
 
 use bapo_learner::{
-    Trainer,
+    StepReport, Trainer,
     checkpoint::{self, Provenance},
 };
 use bapo_policy::{Policy, Precision, burn::prelude::*, device::wgpu_for_test};
@@ -29,6 +29,25 @@ fn relative_gap(a: f64, b: f64) -> f64 {
 /// Log-probs of one fixed response under `p`.
 fn probe(p: &Policy) -> Vec<f32> {
     logprobs(p, &[1, 2, 3], &[10, 22, 4, 7])
+}
+
+/// Loss and gradient norm of `got` within `tolerance` (relative) of `want`.
+fn assert_step_close(want: &StepReport, got: &StepReport, tolerance: f64, what: &str) {
+    for (name, w, g) in [
+        ("loss", want.loss, got.loss),
+        (
+            "grad_norm",
+            want.metrics["grad_norm"],
+            got.metrics["grad_norm"],
+        ),
+    ] {
+        let gap = relative_gap(w, g);
+        eprintln!(
+            "{what}, step {}: {name} {w:.6} vs {g:.6} (gap {gap:.1e})",
+            got.step
+        );
+        assert!(gap < tolerance, "{what}: {name} {w} vs {g}");
+    }
 }
 
 fn max_gap(a: &[f32], b: &[f32]) -> f32 {
@@ -55,21 +74,7 @@ fn a_training_step_on_wgpu_matches_the_cpu() {
     for b in &batches {
         let want = cpu.step(b).unwrap();
         let got = gpu_t.step(b).unwrap();
-        for (what, w, g) in [
-            ("loss", want.loss, got.loss),
-            (
-                "grad_norm",
-                want.metrics["grad_norm"],
-                got.metrics["grad_norm"],
-            ),
-        ] {
-            let gap = relative_gap(w, g);
-            eprintln!(
-                "step {}: {what} cpu {w:.6} wgpu {g:.6} (gap {gap:.1e})",
-                got.step
-            );
-            assert!(gap < 1e-3, "{what}: cpu {w} vs wgpu {g}");
-        }
+        assert_step_close(&want, &got, 1e-3, "cpu vs wgpu");
     }
     let gap = max_gap(&probe(&cpu.policy()), &probe(&gpu_t.policy()));
     assert!(gap < 1e-3, "log-probs after two steps differ by {gap}");
@@ -124,18 +129,7 @@ fn mixed_precision_trains_on_wgpu() {
     half.set_precision(Precision::F16);
     let want = exact.step(&batch).unwrap();
     let got = half.step(&batch).unwrap();
-    for (what, w, g) in [
-        ("loss", want.loss, got.loss),
-        (
-            "grad_norm",
-            want.metrics["grad_norm"],
-            got.metrics["grad_norm"],
-        ),
-    ] {
-        let gap = relative_gap(w, g);
-        eprintln!("f16 vs f32 on wgpu: {what} {w:.6} vs {g:.6} (gap {gap:.1e})");
-        assert!(gap < 5e-2, "{what}: f32 {w} vs f16 {g}");
-    }
+    assert_step_close(&want, &got, 5e-2, "f32 vs f16 on wgpu");
     let weight = half.model().embed_tokens.weight.val();
     assert_eq!(weight.dtype(), bapo_policy::burn::tensor::DType::F32);
 }
