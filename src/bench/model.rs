@@ -48,6 +48,20 @@ pub struct ModelBenchArgs {
     /// Python with jax and optax (see scripts/install-bench-deps.sh).
     #[arg(long, env = "BAPO_JAX_PYTHON")]
     pub jax_python: Option<PathBuf>,
+    /// Skip the PyTorch reference.
+    #[arg(long)]
+    pub no_torch: bool,
+    /// Python with torch (`scripts/install-bench-deps.sh --torch`).
+    #[arg(long, env = "BAPO_TORCH_PYTHON")]
+    pub torch_python: Option<PathBuf>,
+}
+
+/// A framework the model is measured against: its name, the Python that
+/// has it, and the script (in `scripts/`) that prints its JSON figures.
+struct Reference {
+    name: &'static str,
+    python: PathBuf,
+    script: &'static str,
 }
 
 /// Matmul FLOPs per token of one forward pass, attention included, with
@@ -152,23 +166,63 @@ fn sgemm_gflops() -> f64 {
     2.0 * (n as f64).powi(3) * reps as f64 / t0.elapsed().as_secs_f64() / 1e9
 }
 
-fn jax_python(a: &ModelBenchArgs) -> Option<PathBuf> {
-    if let Some(p) = &a.jax_python {
+/// The Python of a reference: the flag's, else its venv under
+/// `~/.cache/bapo/<venv>` when scripts/install-bench-deps.sh made one.
+fn reference_python(flag: &Option<PathBuf>, venv: &str) -> Option<PathBuf> {
+    if let Some(p) = flag {
         return Some(p.clone());
     }
     let home = std::env::var_os("HOME")?;
-    let p = PathBuf::from(home).join(".cache/bapo/jax/bin/python");
+    let p = PathBuf::from(home).join(format!(".cache/bapo/{venv}/bin/python"));
     p.exists().then_some(p)
 }
 
-fn run_jax(python: &PathBuf, c: &ModelConfig, a: &ModelBenchArgs) -> anyhow::Result<Value> {
+/// The references this run compares with, saying which are skipped.
+fn references(a: &ModelBenchArgs) -> Vec<Reference> {
+    let wanted = [
+        (
+            !a.no_jax,
+            "jax",
+            &a.jax_python,
+            "jax",
+            "bench_model_jax.py",
+            "",
+        ),
+        (
+            !a.no_torch,
+            "torch",
+            &a.torch_python,
+            "torch",
+            "bench_model_torch.py",
+            " --torch",
+        ),
+    ];
+    let mut out = Vec::new();
+    for (on, name, flag, venv, script, install) in wanted {
+        match (on, reference_python(flag, venv)) {
+            (false, _) => {}
+            (true, Some(python)) => out.push(Reference {
+                name,
+                python,
+                script,
+            }),
+            (true, None) => println!(
+                "{name} reference skipped: no ~/.cache/bapo/{venv} (run scripts/install-bench-deps.sh{install})"
+            ),
+        }
+    }
+    out
+}
+
+fn run_reference(r: &Reference, c: &ModelConfig, a: &ModelBenchArgs) -> anyhow::Result<Value> {
     let cfg = c.to_hf_json();
     // `cargo run` sets it at run time; prefer that over the compile-time
     // path, which is stale when a shared target dir served another checkout.
     let script = std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
-        .join("scripts/bench_model_jax.py");
-    let out = Command::new(python)
+        .join("scripts")
+        .join(r.script);
+    let out = Command::new(&r.python)
         .arg(&script)
         .args(["--config", &cfg.to_string()])
         .args(["--batch", &a.batch.to_string(), "--seq", &a.seq.to_string()])
@@ -186,17 +240,18 @@ fn run_jax(python: &PathBuf, c: &ModelConfig, a: &ModelBenchArgs) -> anyhow::Res
         ])
         .args(["--new-tokens", &a.new_tokens.to_string()])
         .output()
-        .with_context(|| format!("running {}", python.display()))?;
+        .with_context(|| format!("running {}", r.python.display()))?;
     if !out.status.success() {
         bail!(
-            "JAX reference failed: {}",
+            "{} reference failed: {}",
+            r.name,
             String::from_utf8_lossy(&out.stderr)
         );
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().last().unwrap_or_default();
     serde_json::from_str(line)
-        .with_context(|| format!("reading the JAX reference's output {line:?}"))
+        .with_context(|| format!("reading the {} reference's output {line:?}", r.name))
 }
 
 pub fn run(a: ModelBenchArgs) -> anyhow::Result<()> {
@@ -209,10 +264,7 @@ pub fn run(a: ModelBenchArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("--gen-batches: {s:?}"))
         })
         .collect::<anyhow::Result<_>>()?;
-    let python = if a.no_jax { None } else { jax_python(&a) };
-    if !a.no_jax && python.is_none() {
-        println!("JAX reference skipped: no ~/.cache/bapo/jax (run scripts/install-bench-deps.sh)");
-    }
+    let refs = references(&a);
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -222,21 +274,21 @@ pub fn run(a: ModelBenchArgs) -> anyhow::Result<()> {
     );
     let sgemm = sgemm_gflops();
     println!(
-        "machine: 1024^3 f32 matmul in Burn flex {sgemm:.1} GFLOP/s; \"% peak\" is against the best 1024^3 matmul of flex and XLA on this machine"
+        "machine: 1024^3 f32 matmul in Burn flex {sgemm:.1} GFLOP/s; \"% peak\" is against the best 1024^3 matmul of flex and the references on this machine"
     );
     for name in a.configs.split(',') {
-        bench_preset(name, &a, &gen_batches, python.as_ref(), sgemm)?;
+        bench_preset(name, &a, &gen_batches, &refs, sgemm)?;
     }
     Ok(())
 }
 
-/// One preset measured in Burn (and in JAX with `python`), printed as a
-/// table against the machine's practical peak.
+/// One preset measured in Burn and in each reference, printed as a table
+/// against the machine's practical peak.
 fn bench_preset(
     name: &str,
     a: &ModelBenchArgs,
     gen_batches: &[usize],
-    python: Option<&PathBuf>,
+    refs: &[Reference],
     sgemm: f64,
 ) -> anyhow::Result<()> {
     let c = super::model_config(name)?;
@@ -250,53 +302,46 @@ fn bench_preset(
         c.vocab_size
     );
     let m = measure_burn(&c, a, gen_batches)?;
-    let jax = match python {
-        Some(p) => Some(run_jax(p, &c, a)?),
-        None => None,
-    };
-    println!(
-        "{:<28} {:>12} {:>10} {:>12} {:>10} {:>10}",
-        "", "burn tok/s", "GFLOP/s", "jax tok/s", "burn/jax", "% peak"
-    );
-    // The practical peak: the faster of the two 1024³ matmuls.
-    let peak = jax
-        .as_ref()
-        .and_then(|j| j["sgemm_gflops"].as_f64())
-        .map_or(sgemm, |j| j.max(sgemm));
-    let jtrain = jax
-        .as_ref()
-        .and_then(|j| j["train"]["tokens_per_s"].as_f64());
-    let row = |what: &str, tok: f64, gf: f64, j: Option<f64>| {
-        let (js, ratio) = match j {
-            Some(j) => (format!("{j:.0}"), format!("{:.2}x", tok / j)),
-            None => ("-".into(), "-".into()),
-        };
-        println!(
-            "{:<28} {:>12.0} {:>10.1} {:>12} {:>10} {:>9.0}%",
-            what,
-            tok,
-            gf,
-            js,
-            ratio,
-            100.0 * gf / peak
-        );
+    let got: Vec<(&str, Value)> = refs
+        .iter()
+        .map(|r| Ok((r.name, run_reference(r, &c, a)?)))
+        .collect::<anyhow::Result<_>>()?;
+    let mut header = format!("{:<28} {:>12} {:>10}", "", "burn tok/s", "GFLOP/s");
+    for (n, _) in &got {
+        header += &format!(" {:>12} {:>10}", format!("{n} tok/s"), format!("burn/{n}"));
+    }
+    println!("{header} {:>10}", "% peak");
+    // The practical peak: the fastest of the 1024³ matmuls.
+    let peak = got
+        .iter()
+        .filter_map(|(_, j)| j["sgemm_gflops"].as_f64())
+        .fold(sgemm, f64::max);
+    let row = |what: &str, tok: f64, gf: f64, path: &dyn Fn(&Value) -> Option<f64>| {
+        let mut line = format!("{what:<28} {tok:>12.0} {gf:>10.1}");
+        for (_, j) in &got {
+            line += &match path(j) {
+                Some(r) => format!(" {r:>12.0} {:>10}", format!("{:.2}x", tok / r)),
+                None => format!(" {:>12} {:>10}", "-", "-"),
+            };
+        }
+        println!("{line} {:>9.0}%", 100.0 * gf / peak);
     };
     row(
         "train step (fwd+bwd+AdamW)",
         m.train_tok_s,
         m.train_gflops,
-        jtrain,
+        &|j| j["train"]["tokens_per_s"].as_f64(),
     );
     for (b, tok, gf) in &m.generation {
-        let j = jax
-            .as_ref()
-            .and_then(|j| j["generate"][b.to_string()]["tokens_per_s"].as_f64());
-        row(&format!("generate, batch {b}, cached"), *tok, *gf, j);
+        let key = b.to_string();
+        row(&format!("generate, batch {b}, cached"), *tok, *gf, &|j| {
+            j["generate"][&key]["tokens_per_s"].as_f64()
+        });
     }
-    if let Some(j) = &jax {
+    for (n, j) in &got {
         println!(
-            "(jax {}: sgemm {:.1} GFLOP/s; first jitted train step {:.1} s)",
-            j["jax"].as_str().unwrap_or("?"),
+            "({n} {}: sgemm {:.1} GFLOP/s; first train step {:.1} s)",
+            j[*n].as_str().unwrap_or("?"),
             j["sgemm_gflops"].as_f64().unwrap_or(0.0),
             j["train"]["first_step_s"].as_f64().unwrap_or(0.0)
         );
