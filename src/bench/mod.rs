@@ -6,6 +6,7 @@
 //! Imports go one way: `buffer` uses `redis_streams`, both use `workload`
 //! and `latency`; `soak` uses the local run's supervisor.
 
+pub mod broadcast;
 pub mod buffer;
 mod latency;
 pub mod model;
@@ -20,7 +21,11 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// The buffer service over loopback gRPC, beside Redis Streams.
     Buffer(buffer::BufferBenchArgs),
-    /// The policy's training step and cached generation, beside JAX.
+    /// One weight update from publish to every subscriber loaded, over
+    /// the real stream: 1 and 4 subscribers, f32 beside bf16.
+    Broadcast(broadcast::BroadcastBenchArgs),
+    /// The policy's training step and cached generation, beside JAX and
+    /// PyTorch.
     Model(model::ModelBenchArgs),
     /// The whole loop at full speed for minutes, watching every process's
     /// memory (not in CI).
@@ -32,6 +37,7 @@ pub enum BenchCommand {
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::Broadcast(args) => broadcast::run(args).await,
         BenchCommand::Buffer(args) => buffer::run(args).await,
         // Compute-bound and synchronous: off the async workers.
         BenchCommand::Model(args) => tokio::task::spawn_blocking(move || model::run(args)).await?,
