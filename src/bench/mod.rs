@@ -9,6 +9,7 @@
 pub mod broadcast;
 pub mod buffer;
 mod latency;
+pub mod learner;
 pub mod model;
 mod redis_streams;
 pub mod soak;
@@ -24,6 +25,9 @@ pub enum BenchCommand {
     /// One weight update from publish to every subscriber loaded, over
     /// the real stream: 1 and 4 subscribers, f32 beside bf16.
     Broadcast(broadcast::BroadcastBenchArgs),
+    /// The learner's own optimiser step at a batch shape: tokens/s and
+    /// peak memory.
+    Learner(learner::LearnerBenchArgs),
     /// The policy's training step and cached generation, beside JAX and
     /// PyTorch.
     Model(model::ModelBenchArgs),
@@ -41,6 +45,9 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Buffer(args) => buffer::run(args).await,
         // Compute-bound and synchronous: off the async workers.
         BenchCommand::Model(args) => tokio::task::spawn_blocking(move || model::run(args)).await?,
+        BenchCommand::Learner(args) => {
+            tokio::task::spawn_blocking(move || learner::run(args)).await?
+        }
         BenchCommand::Soak(args) => soak::run(args).await,
         BenchCommand::Weights(args) => {
             tokio::task::spawn_blocking(move || weights::run(args)).await?
