@@ -89,9 +89,6 @@ impl ComputeDevice {
     }
 }
 
-/// The wgpu device, started once per process: here, not at the first
-/// tensor, so a machine without a usable adapter is refused at start with
-/// wgpu's reason instead of a panic mid-run.
 /// The wgpu device for a test that runs there where it can: `None`, with a
 /// line saying why the test skips, when this binary or machine has none.
 /// With `BAPO_REQUIRE_WGPU=1` (CI sets it, after installing a software
@@ -110,6 +107,9 @@ pub fn wgpu_for_test(test: &str) -> Option<Device> {
     }
 }
 
+/// The wgpu device, started once per process: here, not at the first
+/// tensor, so a machine without a usable adapter is refused at start with
+/// wgpu's reason instead of a panic mid-run.
 #[cfg(feature = "wgpu")]
 fn wgpu_device() -> Result<Device, DeviceError> {
     static DEVICE: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
@@ -134,6 +134,15 @@ fn cuda_device() -> Result<Device, DeviceError> {
     Err(DeviceError::NotBuilt("cuda"))
 }
 
+/// The member of `all` whose name is `s`, in any case.
+fn by_name<T: Copy, const N: usize>(
+    all: [T; N],
+    name: fn(T) -> &'static str,
+    s: &str,
+) -> Option<T> {
+    all.into_iter().find(|&x| name(x).eq_ignore_ascii_case(s))
+}
+
 impl fmt::Display for ComputeDevice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -144,10 +153,7 @@ impl FromStr for ComputeDevice {
     type Err = DeviceError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|d| d.name() == s.to_ascii_lowercase())
-            .ok_or_else(|| DeviceError::Unknown(s.to_string()))
+        by_name(Self::ALL, Self::name, s).ok_or_else(|| DeviceError::Unknown(s.to_string()))
     }
 }
 
@@ -165,6 +171,8 @@ pub enum Precision {
 }
 
 impl Precision {
+    pub const ALL: [Precision; 3] = [Self::F32, Self::Bf16, Self::F16];
+
     pub fn name(self) -> &'static str {
         match self {
             Self::F32 => "f32",
@@ -192,9 +200,7 @@ impl FromStr for Precision {
     type Err = DeviceError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [Self::F32, Self::Bf16, Self::F16]
-            .into_iter()
-            .find(|p| p.name() == s.to_ascii_lowercase())
+        by_name(Self::ALL, Self::name, s)
             .ok_or_else(|| DeviceError::UnknownPrecision(s.to_string()))
     }
 }

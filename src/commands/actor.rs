@@ -45,8 +45,7 @@ pub async fn run(args: ActorArgs) -> anyhow::Result<()> {
     if let Some(m) = args.mode {
         cfg.actor.mode = m;
     }
-    args.device.apply(&mut cfg.model);
-    let device = common::device(&cfg.model)?;
+    let device = args.device.resolve(&mut cfg.model)?;
     common::log_device(&cfg.model);
     if let Some(t) = &args.tokenizer {
         cfg.model.tokenizer = Some(t.clone());

@@ -26,6 +26,13 @@ pub struct DeviceArgs {
 }
 
 impl DeviceArgs {
+    /// Applies the flags to `spec` and gives its Burn device, refused by
+    /// name when this binary lacks the backend or the backend the dtype.
+    pub fn resolve(&self, spec: &mut ModelSpec) -> anyhow::Result<Device> {
+        self.apply(spec);
+        Ok(spec.burn_device()?)
+    }
+
     pub fn apply(&self, spec: &mut ModelSpec) {
         if let Some(d) = self.device {
             spec.device = d;
@@ -45,12 +52,6 @@ pub fn log_device(spec: &ModelSpec) {
         spec.device,
         spec.precision
     );
-}
-
-/// The Burn device `spec` names (refused by name when this binary lacks
-/// its backend).
-pub fn device(spec: &ModelSpec) -> anyhow::Result<Device> {
-    Ok(spec.burn_device()?)
 }
 
 pub fn stop_tokens(tokenizer: &TextTokenizer, names: &[String]) -> anyhow::Result<Vec<u32>> {

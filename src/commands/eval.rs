@@ -73,8 +73,7 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<EvalResult> {
     if let Some(d) = &args.data {
         cfg.task.path = Some(d.clone());
     }
-    args.device.apply(&mut cfg.model);
-    let device = common::device(&cfg.model)?;
+    let device = args.device.resolve(&mut cfg.model)?;
     let (mut policy, tokenizer) = common::load_model_dir(&args.checkpoint, &device)?;
     policy.model = bapo_policy::weights::for_inference(policy.model, cfg.model.precision);
     let task = common::task(&cfg.task, &tokenizer)?;

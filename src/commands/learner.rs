@@ -74,8 +74,7 @@ pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
     let security = args.tls.resolve(&cfg.tls)?;
     let server_security = security.server(args.listen)?;
     let buffer_tls = security.client(&args.buffer, Role::Learner)?;
-    args.device.apply(&mut cfg.model);
-    let device = common::device(&cfg.model)?;
+    let device = args.device.resolve(&mut cfg.model)?;
     common::log_device(&cfg.model);
     let (policy, tokenizer) = cfg.model.load(&device)?;
     let (trainer, provenance) = start_trainer(&args, &cfg, policy, &device)?;

@@ -66,7 +66,7 @@ pub fn warm_start(
     quiet: bool,
 ) -> anyhow::Result<SftSummary> {
     let t0 = std::time::Instant::now();
-    let device = common::device(&cfg.model)?;
+    let device = cfg.model.burn_device()?;
     let (policy, tokenizer) = cfg.model.load(&device)?;
     let task = common::task(&cfg.task, &tokenizer)?;
     let stop = common::stop_tokens(&tokenizer, &cfg.actor.stop)?;

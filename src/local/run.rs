@@ -19,7 +19,7 @@ use super::{
     tail::{self, Followed},
 };
 use crate::{
-    commands::{common, eval, sft},
+    commands::{eval, sft},
     config_file::ConfigFile,
 };
 
@@ -28,7 +28,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<LocalRunSummary> {
     let t_start = Instant::now();
     let mut cfg = opts.resolve()?;
     // Refused here, by name, rather than after the warm start.
-    common::device(&cfg.model)?;
+    cfg.model.burn_device()?;
     let out = cfg.run.out.clone().unwrap_or_else(|| {
         let t = SystemTime::now()
             .duration_since(UNIX_EPOCH)
