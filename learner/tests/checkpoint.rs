@@ -10,7 +10,7 @@ use bapo_learner::{
     checkpoint::{self, Provenance},
     lineage::{Incarnation, Lineage},
 };
-use bapo_policy::burn::prelude::*;
+use bapo_policy::{Precision, burn::prelude::*};
 use common::{config, group, tiny_policy};
 
 fn cursor(data_cursor: u64) -> Provenance {
@@ -201,4 +201,26 @@ fn a_lineage_that_cannot_be_a_history_is_refused_by_name() {
         e.contains("state.json") && e.contains("lineage entry 0") && e.contains("version 9"),
         "{e}"
     );
+}
+
+/// The compute dtype is the config's, not the checkpoint's: an f16
+/// learner's checkpoint holds f32 weights and loads computing in f32, and
+/// the restarted learner sets its configured precision again (as `bapo
+/// learner --resume` does) and trains on.
+#[test]
+fn a_checkpoint_holds_f32_weights_whatever_the_compute_dtype() {
+    let stale = tiny_policy(15);
+    let batch: Vec<_> = (0..2).map(|i| group(&stale, i, 0)).collect();
+    let mut t = Trainer::new(config("bapo"), tiny_policy(16), 0).unwrap();
+    t.set_precision(Precision::F16);
+    t.step(&batch).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let saved = checkpoint::save(dir.path(), &t, &Provenance::default()).unwrap();
+    let (mut back, _) = checkpoint::load(&saved, config("bapo"), &Device::flex()).unwrap();
+    assert_eq!(back.model().compute, Precision::F32);
+    let weight = back.model().embed_tokens.weight.val();
+    assert_eq!(weight.dtype(), bapo_policy::burn::tensor::DType::F32);
+    back.set_precision(Precision::F16);
+    let r = back.step(&batch).unwrap();
+    assert!(r.loss.is_finite() && r.metrics["grad_norm"] > 0.0, "{r:?}");
 }

@@ -697,4 +697,19 @@ mod tests {
             Err(WeightsError::ShortHeader(10))
         );
     }
+
+    /// What an actor holds: every float weight in the compute dtype (half
+    /// the memory at bf16/f16), f32 left as it is.
+    #[test]
+    fn weights_for_inference_are_stored_in_the_compute_dtype() {
+        let (_, p) = tiny();
+        for precision in [Precision::Bf16, Precision::F16, Precision::F32] {
+            let model = for_inference(p.model.clone(), precision);
+            assert_eq!(model.compute, precision);
+            let want = DType::from(precision.dtype());
+            for (path, dtype, _) in floats(&model) {
+                assert_eq!(dtype, want, "{path} in {precision}");
+            }
+        }
+    }
 }
