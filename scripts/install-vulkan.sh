@@ -21,6 +21,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 start=$(date +%s)
+# A run killed inside dpkg leaves it half-configured; finish that first.
+$SUDO dpkg --configure -a
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends libvulkan1 mesa-vulkan-drivers >/dev/null
 have || { echo "install-vulkan: lavapipe still missing after apt-get" >&2; exit 1; }
