@@ -4,6 +4,7 @@
 mod bench;
 mod commands;
 mod config_file;
+mod fatal;
 mod local;
 mod security;
 mod telemetry;
@@ -65,6 +66,7 @@ fn main() -> anyhow::Result<()> {
     bapo_policy::denormals::flush_denormals_to_zero();
     // ring as the one rustls provider, before anything touches TLS.
     bapo_proto::tls::install_default_provider();
+    fatal::exit_on_gpu_backend_panic();
     match Cli::parse().command {
         // A pure computation: no runtime, and stdout holds only its JSON.
         Command::Loss(args) => commands::loss::run(args),

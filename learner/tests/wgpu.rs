@@ -11,7 +11,11 @@ use bapo_learner::{
     StepReport, Trainer,
     checkpoint::{self, Provenance},
 };
-use bapo_policy::{Policy, Precision, burn::prelude::*, device::wgpu_for_test};
+use bapo_policy::{
+    Policy, Precision,
+    burn::prelude::*,
+    device::{wgpu_for_test, wgpu_for_test_in},
+};
 use common::{config, group, logprobs, tiny_policy};
 
 /// `policy`'s weights on `device`.
@@ -118,7 +122,7 @@ fn a_checkpoint_saved_on_wgpu_loads_on_the_cpu_and_back() {
 /// relative per op), and the weights stay f32.
 #[test]
 fn mixed_precision_trains_on_wgpu() {
-    let Some(gpu) = wgpu_for_test("f16 learner step on wgpu") else {
+    let Some(gpu) = wgpu_for_test_in("f16 learner step on wgpu", Precision::F16) else {
         return;
     };
     let stale = tiny_policy(31);

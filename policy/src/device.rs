@@ -27,7 +27,7 @@ pub enum ComputeDevice {
     Cuda,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum DeviceError {
     #[error(
         "device {0:?}: this binary was built without the `{0}` cargo feature \
@@ -39,6 +39,19 @@ pub enum DeviceError {
              software Vulkan driver (Debian: mesa-vulkan-drivers)"
     )]
     Unavailable(String),
+    #[error(
+        "precision {precision} on wgpu: the adapter {adapter} cannot compute in {precision} \
+         (its shaders have no {precision} type); use precision = \"f32\" there"
+    )]
+    PrecisionUnsupported {
+        precision: Precision,
+        adapter: String,
+    },
+    #[error(
+        "WGPU_BACKEND = {0:?}: expected one of vulkan, metal, dx12, gl, webgpu \
+         (or unset: wgpu picks)"
+    )]
+    UnknownGraphicsApi(String),
     #[error("unknown device {0:?}: expected cpu, wgpu or cuda")]
     Unknown(String),
     #[error(
@@ -83,22 +96,84 @@ impl ComputeDevice {
     pub fn device(self) -> Result<Device, DeviceError> {
         match self {
             Self::Cpu => Ok(Device::flex()),
-            Self::Wgpu => wgpu_device(),
+            Self::Wgpu => wgpu_device().map(|(d, _)| d),
             Self::Cuda => cuda_device(),
+        }
+    }
+
+    /// The Burn device, refused by name unless it can compute in
+    /// `precision`. Asked of the adapter at start, because a dtype the
+    /// adapter lacks otherwise fails deep inside the backend: a panic
+    /// from a kernel launch, or a shader that does not compile and a
+    /// process that waits for it forever.
+    pub fn device_for(self, precision: Precision) -> Result<Device, DeviceError> {
+        self.check(precision)?;
+        let device = self.device()?;
+        if self == Self::Wgpu
+            && !device.supports_dtype(precision.dtype())
+            && std::env::var_os(SKIP_DTYPE_CHECK).is_none()
+        {
+            return Err(DeviceError::PrecisionUnsupported {
+                precision,
+                adapter: self.adapter().unwrap_or_else(|| "?".into()),
+            });
+        }
+        Ok(device)
+    }
+
+    /// The adapter and graphics API wgpu chose, for the log; `None` on
+    /// other devices or when wgpu has none.
+    pub fn adapter(self) -> Option<String> {
+        match self {
+            Self::Wgpu => wgpu_device().ok().map(|(_, a)| a),
+            _ => None,
         }
     }
 }
 
+/// Set, the wgpu dtype check is skipped: only to provoke, in a test, the
+/// backend failure the check exists to prevent.
+pub const SKIP_DTYPE_CHECK: &str = "BAPO_WGPU_SKIP_DTYPE_CHECK";
+
+/// Whether a panic at `file` came from inside a GPU backend (cubecl's
+/// kernels and runtimes, Burn's cubecl and fusion layers, wgpu itself).
+pub fn is_gpu_backend_file(file: &str) -> bool {
+    [
+        "cubecl",
+        "cubek",
+        "burn-cubecl",
+        "burn-fusion",
+        "burn-wgpu",
+        "burn-cuda",
+        "wgpu",
+    ]
+    .iter()
+    .any(|krate| file.contains(&format!("/{krate}-")) || file.contains(&format!("/{krate}/")))
+}
+
 /// The wgpu device for a test that runs there where it can: `None`, with a
 /// line saying why the test skips, when this binary or machine has none.
-/// With `BAPO_REQUIRE_WGPU=1` (CI sets it, after installing a software
-/// Vulkan driver) a missing device fails the test instead, so the GPU code
-/// path cannot quietly stop being executed.
+/// `BAPO_REQUIRE_WGPU` fails the test instead, so the GPU code path cannot
+/// quietly stop being executed: `1` (CI, on lavapipe's Vulkan) requires
+/// everything; `f32` (CI's pass on Mesa's OpenGL) requires an adapter but
+/// lets a test of a dtype the adapter lacks skip.
 pub fn wgpu_for_test(test: &str) -> Option<Device> {
-    match ComputeDevice::Wgpu.device() {
+    wgpu_for_test_in(test, Precision::F32)
+}
+
+/// [`wgpu_for_test`] for a test that computes in `precision`: it skips,
+/// saying why, on an adapter without that dtype (f16 on Mesa's OpenGL
+/// driver).
+pub fn wgpu_for_test_in(test: &str, precision: Precision) -> Option<Device> {
+    let require = std::env::var("BAPO_REQUIRE_WGPU").unwrap_or_default();
+    match ComputeDevice::Wgpu.device_for(precision) {
         Ok(d) => Some(d),
-        Err(e) if std::env::var("BAPO_REQUIRE_WGPU").is_ok_and(|v| v == "1") => {
-            panic!("{test}: BAPO_REQUIRE_WGPU=1 but {e}")
+        Err(e @ DeviceError::PrecisionUnsupported { .. }) if require != "1" => {
+            eprintln!("{test}: skipped on wgpu: {e}");
+            None
+        }
+        Err(e) if require == "1" || require == "f32" => {
+            panic!("{test}: BAPO_REQUIRE_WGPU={require} but {e}")
         }
         Err(e) => {
             eprintln!("{test}: skipped on wgpu: {e}");
@@ -107,20 +182,63 @@ pub fn wgpu_for_test(test: &str) -> Option<Device> {
     }
 }
 
-/// The wgpu device, started once per process: here, not at the first
-/// tensor, so a machine without a usable adapter is refused at start with
-/// wgpu's reason instead of a panic mid-run.
+/// The wgpu device and a line naming its adapter, started once per
+/// process: here, not at the first tensor, so a machine without a usable
+/// adapter is refused at start with wgpu's reason instead of a panic
+/// mid-run. `WGPU_BACKEND` (wgpu's own variable) pins the graphics API.
 #[cfg(feature = "wgpu")]
-fn wgpu_device() -> Result<Device, DeviceError> {
-    static DEVICE: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
-    DEVICE
-        .get_or_init(|| Device::wgpu_options().init().map_err(|e| e.to_string()))
-        .clone()
-        .map_err(DeviceError::Unavailable)
+fn wgpu_device() -> Result<(Device, String), DeviceError> {
+    static DEVICE: std::sync::OnceLock<Result<(Device, String), DeviceError>> =
+        std::sync::OnceLock::new();
+    DEVICE.get_or_init(start_wgpu).clone()
+}
+
+#[cfg(feature = "wgpu")]
+fn start_wgpu() -> Result<(Device, String), DeviceError> {
+    let api = graphics_api(std::env::var("WGPU_BACKEND").ok().as_deref())?;
+    let (device, setup) = Device::wgpu_options()
+        .graphics_api(api)
+        .init_with_setup()
+        .map_err(|e| DeviceError::Unavailable(e.to_string()))?;
+    let info = setup.adapter.get_info();
+    let driver: Vec<&str> = [info.driver.as_str(), info.driver_info.as_str()]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect();
+    let adapter = format!(
+        "{:?} ({:?}, {})",
+        info.name,
+        setup.backend,
+        driver.join(" ")
+    );
+    Ok((device, adapter))
+}
+
+/// The graphics API `WGPU_BACKEND` names (as wgpu spells them), or wgpu's
+/// own choice when it is unset or empty.
+#[cfg(feature = "wgpu")]
+fn graphics_api(name: Option<&str>) -> Result<burn::tensor::wgpu::WgpuBackend, DeviceError> {
+    use burn::tensor::wgpu::WgpuBackend as Api;
+    Ok(
+        match name
+            .map(str::trim)
+            .unwrap_or("")
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "" => Api::Auto,
+            "vulkan" => Api::Vulkan,
+            "metal" => Api::Metal,
+            "dx12" => Api::Dx12,
+            "gl" | "opengl" | "gles" => Api::Gl,
+            "webgpu" => Api::WebGpu,
+            other => return Err(DeviceError::UnknownGraphicsApi(other.to_string())),
+        },
+    )
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn wgpu_device() -> Result<Device, DeviceError> {
+fn wgpu_device() -> Result<(Device, String), DeviceError> {
     Err(DeviceError::NotBuilt("wgpu"))
 }
 

@@ -81,10 +81,10 @@ impl ModelSpec {
     }
 
     /// The Burn device of `self.device`, refused by name when this binary
-    /// lacks its backend or the backend lacks `self.precision`.
+    /// lacks its backend or the backend (or its adapter) lacks
+    /// `self.precision`.
     pub fn burn_device(&self) -> Result<Device, SpecError> {
-        self.device.check(self.precision)?;
-        Ok(self.device.device()?)
+        Ok(self.device.device_for(self.precision)?)
     }
 
     pub fn tokenizer(&self) -> Result<TextTokenizer, SpecError> {

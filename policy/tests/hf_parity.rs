@@ -18,8 +18,12 @@
 use std::path::PathBuf;
 
 use bapo_policy::{
-    Generation, Policy, Precision, SamplingParams, burn::prelude::*, device::wgpu_for_test, hf,
-    tokenizer::TextTokenizer, weights,
+    Generation, Policy, Precision, SamplingParams,
+    burn::prelude::*,
+    device::{wgpu_for_test, wgpu_for_test_in},
+    hf,
+    tokenizer::TextTokenizer,
+    weights,
 };
 
 struct Reference {
@@ -174,7 +178,7 @@ fn half_precision_logits_stay_near_transformers() {
         check_on(name, name, &cpu, Precision::Bf16, BF16_TOLERANCE);
         check_on(name, name, &cpu, Precision::F16, F16_TOLERANCE);
     }
-    if let Some(gpu) = wgpu_for_test("f16 parity") {
+    if let Some(gpu) = wgpu_for_test_in("f16 parity", Precision::F16) {
         for name in ["llama", "qwen2"] {
             check_on(name, name, &gpu, Precision::F16, F16_TOLERANCE);
         }

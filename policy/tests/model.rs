@@ -4,8 +4,12 @@
 //! wgpu, where the same code runs as GPU kernels.
 
 use bapo_policy::{
-    Generation, ModelConfig, Policy, Precision, SamplingParams, burn::prelude::*,
-    burn::tensor::DType, cache::KvCache, device::wgpu_for_test, weights,
+    Generation, ModelConfig, Policy, Precision, SamplingParams,
+    burn::prelude::*,
+    burn::tensor::DType,
+    cache::KvCache,
+    device::{wgpu_for_test, wgpu_for_test_in},
+    weights,
 };
 
 fn tiny() -> ModelConfig {
@@ -348,7 +352,7 @@ fn half_precision_trains_f32_master_weights() {
     let exact = objective_gradients(&copy_to(&start, &cpu), &cpu);
     let mut half = vec![(Precision::Bf16, 0.1, cpu.clone())];
     half.push((Precision::F16, 0.02, cpu.clone()));
-    if let Some(gpu) = wgpu_for_test("f16 gradients on wgpu") {
+    if let Some(gpu) = wgpu_for_test_in("f16 gradients on wgpu", Precision::F16) {
         half.push((Precision::F16, 0.02, gpu.autodiff()));
     }
     for (precision, tolerance, device) in half {

@@ -30,7 +30,9 @@ impl DeviceArgs {
     /// name when this binary lacks the backend or the backend the dtype.
     pub fn resolve(&self, spec: &mut ModelSpec) -> anyhow::Result<Device> {
         self.apply(spec);
-        Ok(spec.burn_device()?)
+        let device = spec.burn_device()?;
+        log_device(spec);
+        Ok(device)
     }
 
     pub fn apply(&self, spec: &mut ModelSpec) {
@@ -44,13 +46,20 @@ impl DeviceArgs {
 }
 
 /// One line in the service's log: where and in what dtype the model runs.
+/// On wgpu the line names the adapter and graphics API wgpu chose.
 pub fn log_device(spec: &ModelSpec) {
+    let adapter = spec.device.adapter();
     tracing::info!(
         device = %spec.device,
         precision = %spec.precision,
-        "model on {} in {}",
+        adapter = adapter.as_deref().unwrap_or("-"),
+        "model on {} in {}{}",
         spec.device,
-        spec.precision
+        spec.precision,
+        adapter
+            .as_ref()
+            .map(|a| format!(", adapter {a}"))
+            .unwrap_or_default()
     );
 }
 

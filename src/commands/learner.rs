@@ -75,7 +75,6 @@ pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
     let server_security = security.server(args.listen)?;
     let buffer_tls = security.client(&args.buffer, Role::Learner)?;
     let device = args.device.resolve(&mut cfg.model)?;
-    common::log_device(&cfg.model);
     let (policy, tokenizer) = cfg.model.load(&device)?;
     let (trainer, provenance) = start_trainer(&args, &cfg, policy, &device)?;
     std::fs::create_dir_all(&args.out)?;
