@@ -120,6 +120,7 @@ fn run_actor(
             precision: Default::default(),
             tls: None,
             reward: Default::default(),
+            model_dir: None,
         },
         std::future::pending(),
     ))

@@ -464,6 +464,7 @@ async fn the_loop_runs_over_mutual_tls() {
             precision: Default::default(),
             tls: Some(pki.client("actor-0", "actor/actor-0")),
             reward: Default::default(),
+            model_dir: None,
         },
         async {
             let _ = rx.await;

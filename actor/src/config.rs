@@ -4,6 +4,8 @@ use bapo_policy::SamplingParams;
 use bapo_tasks::Shaping;
 use serde::{Deserialize, Serialize};
 
+use crate::vllm::{VllmConfig, VllmConfigError};
+
 /// What to do with in-flight responses when new weights arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -15,9 +17,25 @@ pub enum UpdateMode {
     Restart,
 }
 
+/// What generates the responses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// bapo's own Burn model, in the actor's process.
+    #[default]
+    Burn,
+    /// A vLLM server (`[actor.vllm]`), started by the actor or running
+    /// beside it.
+    Vllm,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ActorConfig {
+    /// What generates: `burn` (default) or `vllm`.
+    pub engine: Engine,
+    /// The vLLM server of `engine = "vllm"`.
+    pub vllm: VllmConfig,
     /// Responses per prompt (K).
     pub group_size: usize,
     /// Groups generated at once (one thread each).
@@ -50,6 +68,8 @@ pub struct ActorConfig {
 impl Default for ActorConfig {
     fn default() -> Self {
         Self {
+            engine: Engine::Burn,
+            vllm: VllmConfig::default(),
             group_size: 8,
             concurrency: 2,
             mode: UpdateMode::Partial,
@@ -87,6 +107,8 @@ pub enum ConfigError {
          behaviour distribution to weight by)"
     )]
     Temperature(f32),
+    #[error("{0}")]
+    Vllm(#[from] VllmConfigError),
     #[error("actor.lease_weight_wait_s = {0} must be a finite number of seconds >= 0")]
     LeaseWeightWait(f64),
     #[error(
@@ -125,6 +147,9 @@ impl ActorConfig {
         }
         if !(self.lease_weight_wait_s.is_finite() && self.lease_weight_wait_s >= 0.0) {
             return Err(ConfigError::LeaseWeightWait(self.lease_weight_wait_s));
+        }
+        if self.engine == Engine::Vllm {
+            self.vllm.validate()?;
         }
         Ok(())
     }

@@ -6,7 +6,9 @@
 //! and pushes each group to the
 //! buffer ([`push`]), waiting whenever the buffer holds it back. Before
 //! generating a group it leases room for it ([`lease`]), so the buffer's
-//! staleness bound holds it back before it generates, not after.
+//! staleness bound holds it back before it generates, not after. The
+//! responses come from bapo's own Burn model or from a vLLM server
+//! ([`vllm`]).
 
 pub mod backoff;
 pub mod config;
@@ -17,6 +19,7 @@ pub mod reward;
 pub mod rollout;
 pub mod run;
 pub mod subscription;
+pub mod vllm;
 
-pub use config::{ActorConfig, UpdateMode};
+pub use config::{ActorConfig, Engine, UpdateMode};
 pub use run::{ActorOptions, ActorSummary, run};

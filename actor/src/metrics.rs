@@ -20,10 +20,31 @@ pub const REWARD_SUB_SCORE: &str = "bapo_actor_reward_sub_score";
 pub const LEASE_WAIT_SECONDS: &str = "bapo_actor_lease_wait_seconds";
 pub const LEASE_WEIGHT_WAIT_SECONDS: &str = "bapo_actor_lease_weight_wait_seconds";
 pub const LEASE_WEIGHT_TIMEOUTS: &str = "bapo_actor_lease_weight_timeouts_total";
+pub const ENGINE_RELOAD_SECONDS: &str = "bapo_actor_engine_reload_seconds";
+pub const ENGINE_RELOAD_FAILURES: &str = "bapo_actor_engine_reload_failures_total";
+pub const ENGINE_RESTARTS: &str = "bapo_actor_engine_restarts_total";
+pub const ENGINE_DOWN_GROUPS: &str = "bapo_actor_engine_down_groups_total";
 
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(TOKENS, "Response tokens generated");
+    describe_histogram!(
+        ENGINE_RELOAD_SECONDS,
+        Unit::Seconds,
+        "vLLM engine: write, pause, reload, relabel and resume for one weight version"
+    );
+    describe_counter!(
+        ENGINE_RELOAD_FAILURES,
+        "vLLM engine: weight reloads that failed (the version is retried)"
+    );
+    describe_counter!(
+        ENGINE_RESTARTS,
+        "vLLM engine: restarts of a server the actor started"
+    );
+    describe_counter!(
+        ENGINE_DOWN_GROUPS,
+        "vLLM engine: groups dropped because the server went down while generating"
+    );
     describe_counter!(
         GROUPS,
         "Groups generated, scored and accepted by the buffer"

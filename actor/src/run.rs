@@ -19,8 +19,9 @@ use std::{
 };
 
 use anyhow::Context;
-use bapo_policy::Response;
-use bapo_policy::{Precision, burn::prelude::*, tokenizer::TextTokenizer};
+use bapo_policy::{
+    Precision, Response, SamplingParams, burn::prelude::*, tokenizer::TextTokenizer,
+};
 use bapo_proto::{
     tls::{self, ClientTls},
     v1::rollout_sink_client::RolloutSinkClient,
@@ -31,13 +32,14 @@ use rand::{Rng, SeedableRng, rngs::SmallRng};
 use tokio::sync::watch;
 
 use crate::{
-    ActorConfig,
+    ActorConfig, Engine,
     lease::{Admitted, Leasing, Stop},
     metrics as names,
     push::push_group,
     reward::{self, Retry, RewardConfig, Verifier, score_group},
     rollout::{Origin, Outcome, Packing, completions, follow_cell, generate, pack},
-    subscription::{self, PolicyCell},
+    subscription::{self, PolicyCell, Versioned},
+    vllm,
 };
 
 pub struct ActorOptions {
@@ -51,6 +53,18 @@ pub struct ActorOptions {
     pub tls: Option<ClientTls>,
     /// Where rewards come from (`[reward]`).
     pub reward: RewardConfig,
+    /// The model directory (`[model] hf_dir`) a vLLM server the actor
+    /// starts loads first.
+    pub model_dir: Option<std::path::PathBuf>,
+}
+
+/// What makes a slot's responses.
+#[derive(Clone)]
+enum Generator {
+    /// bapo's Burn model, following the weights cell token by token.
+    Burn,
+    /// A vLLM server; the cell holds the weights it serves.
+    Vllm(Arc<vllm::Engine>),
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -102,6 +116,20 @@ pub async fn run(
         cell_tx,
         stop_rx.clone(),
     ));
+    // With vLLM the slots follow what the engine serves, not what arrived.
+    let (generator, cell_rx, engine) = match cfg.engine {
+        Engine::Burn => (Generator::Burn, cell_rx, None),
+        Engine::Vllm => {
+            let s = vllm::start(
+                &cfg.vllm,
+                cfg.mode,
+                opts.model_dir.clone(),
+                cell_rx,
+                stop_rx.clone(),
+            )?;
+            (Generator::Vllm(s.engine), s.serving, Some(s.background))
+        }
+    };
 
     let abort_flag = Arc::new(AtomicBool::new(false));
     let stopping = Arc::new(AtomicBool::new(false));
@@ -119,6 +147,7 @@ pub async fn run(
             tokenizer: tokenizer.clone(),
             stop_tokens: stop_tokens.clone(),
             cell: cell_rx.clone(),
+            generator: generator.clone(),
             client: client.clone(),
             leasing: leasing.clone(),
             abort_rx: abort_rx.clone(),
@@ -138,6 +167,7 @@ pub async fn run(
     let failure = supervise(
         &mut slots,
         shutdown,
+        engine,
         &cfg,
         &stopping,
         &abort_flag,
@@ -161,17 +191,29 @@ pub async fn run(
 }
 
 /// Waits for the slots to end, or for `shutdown` (then gives in-flight
-/// groups their grace period). The first slot failure ends the wait and is
-/// returned, logged and counted.
+/// groups their grace period). The first slot failure, or an engine that
+/// can never serve, ends the wait and is returned, logged and counted.
 async fn supervise(
     slots: &mut tokio::task::JoinSet<Result<(), SlotError>>,
     shutdown: impl std::future::Future<Output = ()>,
+    engine: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     cfg: &ActorConfig,
     stopping: &AtomicBool,
     abort: &AtomicBool,
     abort_tx: &watch::Sender<bool>,
 ) -> Option<anyhow::Error> {
     tokio::pin!(shutdown);
+    let engine_failed = async {
+        match engine {
+            Some(task) => match task.await {
+                Ok(Ok(())) => std::future::pending().await,
+                Ok(Err(e)) => e,
+                Err(join) => anyhow::anyhow!("vLLM engine task: {join}"),
+            },
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(engine_failed);
     let (mut deadline, mut aborted) = (None, false);
     loop {
         let grace = async {
@@ -189,6 +231,7 @@ async fn supervise(
                     return Some(slot_failed(anyhow::anyhow!("generation slot panicked: {join}")));
                 }
             },
+            e = &mut engine_failed => return Some(slot_failed(e)),
             _ = &mut shutdown, if deadline.is_none() => {
                 tracing::info!("shutting down: finishing in-flight groups");
                 stopping.store(true, Ordering::Relaxed);
@@ -227,6 +270,7 @@ struct Slot {
     tokenizer: Arc<TextTokenizer>,
     stop_tokens: Vec<u32>,
     cell: PolicyCell,
+    generator: Generator,
     client: RolloutSinkClient<tls::AuthChannel>,
     /// `None` with `lease = false`.
     leasing: Option<Arc<Leasing>>,
@@ -243,15 +287,7 @@ struct Slot {
 
 impl Slot {
     fn run(mut self) -> Result<(), SlotError> {
-        // Wait for the first weights (or an abort before they come).
-        let mut cell = self.cell.clone();
-        let got_weights = self.handle.block_on(async {
-            tokio::select! {
-                r = cell.wait_for(|c| c.is_some()) => r.map(|_| true).map_err(|_| SlotError::NoWeights),
-                _ = self.abort_rx.wait_for(|a| *a) => Ok(false),
-            }
-        })?;
-        if !got_weights {
+        if !self.wait_for_weights()? {
             return Ok(());
         }
         let mut rng = slot_rng(
@@ -279,8 +315,12 @@ impl Slot {
                     continue;
                 }
             };
+            // None only while a vLLM engine is down or reloading.
             let Some(start) = self.cell.borrow_and_update().clone() else {
-                return Ok(());
+                if !self.wait_for_weights()? {
+                    return Ok(());
+                }
+                continue;
             };
             let max_positions = start.policy.config.max_position_embeddings;
             if prompt.len() >= max_positions {
@@ -303,20 +343,10 @@ impl Slot {
             let start = self.cell.borrow_and_update().clone().unwrap_or(start);
             params.seed = rng.random();
             let t0 = Instant::now();
-            let (responses, incarnation) = match generate(
-                start,
-                &mut follow_cell(&mut self.cell),
-                &prompt,
-                self.cfg.group_size,
-                &params,
-                self.cfg.mode,
-                &self.abort,
-            ) {
-                Outcome::Done {
-                    responses,
-                    incarnation,
-                } => (responses, incarnation),
-                Outcome::Aborted => return Ok(()),
+            let (responses, incarnation) = match self.generate(start, &prompt, &params) {
+                Made::Group(r, i) => (r, i),
+                Made::Skip => continue,
+                Made::Stop => return Ok(()),
             };
             let Some(scored) = self.score(&problem, &responses) else {
                 return Ok(());
@@ -373,6 +403,89 @@ impl Slot {
             }
         }
         Ok(())
+    }
+}
+
+/// What a slot's generator made of one problem.
+enum Made {
+    Group(Vec<Response>, u64),
+    /// Nothing usable (the engine went down or refused); the next problem.
+    Skip,
+    /// Aborted: the actor is stopping.
+    Stop,
+}
+
+impl Slot {
+    /// Waits for weights to generate with (the first ones, or a vLLM
+    /// engine back up); `false` when the actor stops meanwhile.
+    fn wait_for_weights(&mut self) -> Result<bool, SlotError> {
+        let mut cell = self.cell.clone();
+        let mut abort = self.abort_rx.clone();
+        let got = self.handle.block_on(async {
+            tokio::select! {
+                r = cell.wait_for(|c| c.is_some()) => r.map(|_| true).map_err(|_| SlotError::NoWeights),
+                _ = abort.wait_for(|a| *a) => Ok(false),
+            }
+        });
+        match got {
+            Err(_) if self.stopping.load(Ordering::Relaxed) => Ok(false),
+            got => got,
+        }
+    }
+
+    /// The group's responses from this slot's generator.
+    fn generate(&mut self, start: Arc<Versioned>, prompt: &[u32], params: &SamplingParams) -> Made {
+        let engine = match &self.generator {
+            Generator::Burn => {
+                let k = self.cfg.group_size;
+                let (mode, abort) = (self.cfg.mode, self.abort.clone());
+                let updates = &mut follow_cell(&mut self.cell);
+                return match generate(start, updates, prompt, k, params, mode, &abort) {
+                    Outcome::Done {
+                        responses,
+                        incarnation,
+                    } => Made::Group(responses, incarnation),
+                    Outcome::Aborted => Made::Stop,
+                };
+            }
+            Generator::Vllm(engine) => engine.clone(),
+        };
+        let mut abort = self.abort_rx.clone();
+        let made = self.handle.block_on(async {
+            tokio::select! {
+                r = engine.generate(prompt, self.cfg.group_size, params, &self.abort) => Some(r),
+                _ = abort.wait_for(|a| *a) => None,
+            }
+        });
+        match made {
+            None | Some(Ok(Outcome::Aborted)) => Made::Stop,
+            Some(Ok(Outcome::Done {
+                responses,
+                incarnation,
+            })) => Made::Group(responses, incarnation),
+            Some(Err(e)) => {
+                self.engine_failed(e);
+                Made::Skip
+            }
+        }
+    }
+
+    /// Counts and logs a group the engine could not make; while the
+    /// server is down, waits a moment for the loader to notice.
+    fn engine_failed(&self, e: vllm::GenerateError) {
+        match &e {
+            vllm::GenerateError::Down(_) => {
+                counter!(names::ENGINE_DOWN_GROUPS).increment(1);
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            vllm::GenerateError::Refused(_) => {
+                counter!(names::PROBLEMS_SKIPPED, "reason" => "engine_refused").increment(1);
+            }
+            vllm::GenerateError::Unsettled(_) => {
+                counter!(names::PROBLEMS_SKIPPED, "reason" => "engine_unsettled").increment(1);
+            }
+        }
+        tracing::warn!("vLLM: {e}; group dropped");
     }
 }
 

@@ -46,7 +46,6 @@ pub async fn run(args: ActorArgs) -> anyhow::Result<()> {
         cfg.actor.mode = m;
     }
     let device = args.device.resolve(&mut cfg.model)?;
-    common::log_device(&cfg.model);
     if let Some(t) = &args.tokenizer {
         cfg.model.tokenizer = Some(t.clone());
     }
@@ -75,6 +74,7 @@ pub async fn run(args: ActorArgs) -> anyhow::Result<()> {
             precision: cfg.model.precision,
             tls,
             reward: cfg.reward,
+            model_dir: cfg.model.hf_dir.clone(),
         },
         telemetry::shutdown_signal(),
     )

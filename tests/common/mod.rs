@@ -221,5 +221,6 @@ pub fn actor_options(buffer: &str, learner: &str, id: &str) -> bapo_actor::Actor
         precision: Default::default(),
         tls: None,
         reward: Default::default(),
+        model_dir: None,
     }
 }

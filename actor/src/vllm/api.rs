@@ -1,0 +1,274 @@
+//! The few routes of vLLM's HTTP server bapo uses (vLLM >= 0.32, started
+//! with `VLLM_SERVER_DEV_MODE=1`, `--enable-scale-out` and bapo's worker
+//! extension): token ids in, token ids, log-probs and per-token weight
+//! versions out, and the pause / reload / version / resume dance of a
+//! weight update. Knows nothing of leases or rollouts.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// A vLLM server's base URL and the model name it serves.
+#[derive(Clone)]
+pub struct Api {
+    http: Client<HttpConnector, Full<Bytes>>,
+    base: String,
+    model: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Not answered: refused, reset, or past the deadline.
+    #[error("vLLM {route}: {why}")]
+    Unreachable { route: String, why: String },
+    #[error("vLLM {route}: HTTP {status}: {body}")]
+    Status {
+        route: String,
+        status: u16,
+        body: String,
+    },
+    #[error("vLLM {route}: unexpected answer: {why}")]
+    Answer { route: String, why: String },
+}
+
+impl ApiError {
+    /// Whether the server could not be reached at all (down, restarting,
+    /// hung), as opposed to answering with an error.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, Self::Unreachable { .. })
+    }
+}
+
+/// One group's request: `n` samples of one prompt.
+#[derive(Debug, Clone, Serialize)]
+pub struct SamplingParams {
+    pub n: usize,
+    pub temperature: f32,
+    pub seed: u64,
+    pub max_tokens: usize,
+    /// Only the sampled token's log-prob (`processed_logprobs` mode: of the
+    /// temperature-scaled distribution the token was drawn from).
+    pub logprobs: u32,
+    pub stop_token_ids: Vec<u32>,
+    /// The actor's stop tokens, not the model's generation config, end a
+    /// response: the same rule as bapo's own generation.
+    pub ignore_eos: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Generated {
+    pub choices: Vec<Choice>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Choice {
+    #[serde(default)]
+    pub index: usize,
+    pub token_ids: Vec<u32>,
+    pub logprobs: Option<Logprobs>,
+    pub finish_reason: Option<String>,
+    #[serde(default)]
+    pub weight_versions: Vec<VersionSpan>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Logprobs {
+    pub content: Vec<TokenLogprob>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+}
+
+/// Output tokens `start..end` of a choice were made by weights `version`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct VersionSpan {
+    pub version: String,
+    pub start: usize,
+    pub end: usize,
+}
+
+/// How `/pause` treats requests in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pause {
+    /// Freeze them with their KV cache; they go on after `/resume` with
+    /// whatever weights are loaded then (partial rollouts).
+    Keep,
+    /// End them now; they return what they generated so far.
+    Abort,
+}
+
+impl Api {
+    pub fn new(base: &str, model: &str) -> Self {
+        Self {
+            http: Client::builder(TokioExecutor::new()).build_http(),
+            base: base.trim_end_matches('/').to_string(),
+            model: model.to_string(),
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// `GET /health` answered 200 within `timeout`. (A healthy server
+    /// may still have lost its weights to a failed plain reload: bapo's
+    /// extension restores them, see `reload`.)
+    pub async fn healthy(&self, timeout: Duration) -> bool {
+        matches!(
+            self.call("GET", "/health", None, timeout).await,
+            Ok((200, _))
+        )
+    }
+
+    pub async fn generate(
+        &self,
+        prompt: &[u32],
+        params: &SamplingParams,
+        timeout: Duration,
+    ) -> Result<Generated, ApiError> {
+        let body = json!({"model": self.model, "token_ids": prompt, "sampling_params": params});
+        let v = self
+            .post("/inference/v1/generate", Some(body), timeout)
+            .await?;
+        serde_json::from_value(v).map_err(|e| ApiError::Answer {
+            route: "/inference/v1/generate".into(),
+            why: e.to_string(),
+        })
+    }
+
+    pub async fn pause(&self, mode: Pause, timeout: Duration) -> Result<(), ApiError> {
+        let mode = match mode {
+            Pause::Keep => "keep",
+            Pause::Abort => "abort",
+        };
+        self.post(&format!("/pause?mode={mode}"), None, timeout)
+            .await
+            .map(drop)
+    }
+
+    pub async fn resume(&self, timeout: Duration) -> Result<(), ApiError> {
+        self.post("/resume", None, timeout).await.map(drop)
+    }
+
+    /// Loads the HF safetensors directory `dir` in place (bapo's worker
+    /// extension, which also re-ties a tied LM head).
+    pub async fn reload(&self, dir: &str, timeout: Duration) -> Result<(), ApiError> {
+        self.rpc("reload_hf_dir", json!([dir]), timeout)
+            .await
+            .map(drop)
+    }
+
+    /// The served model's architecture as the worker sees it (bapo's
+    /// worker extension): vocabulary, layers, heads, tied embeddings.
+    pub async fn describe(&self, timeout: Duration) -> Result<Value, ApiError> {
+        let v = self.rpc("describe_model", json!([]), timeout).await?;
+        let text = v.as_str().unwrap_or_default();
+        serde_json::from_str(text).map_err(|e| ApiError::Answer {
+            route: "/collective_rpc describe_model".into(),
+            why: format!("{e}: {v}"),
+        })
+    }
+
+    /// Labels the tokens generated from now on.
+    pub async fn set_version(&self, label: &str, timeout: Duration) -> Result<(), ApiError> {
+        let body = json!({"new_version": label});
+        self.post("/update_weight_version", Some(body), timeout)
+            .await
+            .map(drop)
+    }
+
+    /// Drops cached prefixes computed by older weights, so a new request
+    /// for a known prompt is computed by the new ones.
+    pub async fn reset_prefix_cache(&self, timeout: Duration) -> Result<(), ApiError> {
+        self.post("/reset_prefix_cache", None, timeout)
+            .await
+            .map(drop)
+    }
+
+    /// A worker method through `/collective_rpc`; the first worker's answer.
+    async fn rpc(&self, method: &str, args: Value, timeout: Duration) -> Result<Value, ApiError> {
+        let body = json!({"method": method, "args": args, "timeout": timeout.as_secs_f64()});
+        let mut v = self.post("/collective_rpc", Some(body), timeout).await?;
+        match v.get_mut("results").and_then(|r| r.get_mut(0)) {
+            Some(first) => Ok(first.take()),
+            None => Err(ApiError::Answer {
+                route: format!("/collective_rpc {method}"),
+                why: format!("no results in {v}"),
+            }),
+        }
+    }
+
+    async fn post(
+        &self,
+        route: &str,
+        body: Option<Value>,
+        timeout: Duration,
+    ) -> Result<Value, ApiError> {
+        let (status, text) = self.call("POST", route, body, timeout).await?;
+        if !(200..300).contains(&status) {
+            return Err(ApiError::Status {
+                route: route.to_string(),
+                status,
+                body: text.chars().take(2000).collect(),
+            });
+        }
+        if text.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&text).map_err(|e| ApiError::Answer {
+            route: route.to_string(),
+            why: format!("{e}: {}", text.chars().take(200).collect::<String>()),
+        })
+    }
+
+    /// One HTTP exchange: the status and the body as text.
+    async fn call(
+        &self,
+        method: &str,
+        route: &str,
+        body: Option<Value>,
+        timeout: Duration,
+    ) -> Result<(u16, String), ApiError> {
+        let unreachable = |why: String| ApiError::Unreachable {
+            route: route.to_string(),
+            why,
+        };
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{route}", self.base));
+        if body.is_some() {
+            req = req.header("content-type", "application/json");
+        }
+        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
+        let req = req
+            .body(Full::new(Bytes::from(bytes)))
+            .map_err(|e| unreachable(e.to_string()))?;
+        let exchange = async {
+            let resp = self
+                .http
+                .request(req)
+                .await
+                .map_err(|e| unreachable(e.to_string()))?;
+            let status = resp.status().as_u16();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| unreachable(e.to_string()))?
+                .to_bytes();
+            Ok((status, String::from_utf8_lossy(&body).into_owned()))
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| unreachable(format!("no answer within {timeout:?}")))?
+    }
+}

@@ -1,0 +1,173 @@
+//! The `[actor.vllm]` table: which vLLM server generates, or how to start
+//! one, and where the weights it reloads are written.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VllmConfig {
+    /// An existing server (e.g. a sidecar: `http://127.0.0.1:8000`) that
+    /// was started with bapo's worker extension. Empty: the actor starts
+    /// one itself with `python` and supervises it.
+    pub url: String,
+    /// Plain HTTP to a server off this host carries prompts and weight
+    /// paths unauthenticated; refused unless this says it is meant.
+    pub allow_remote: bool,
+    /// Where each weight version is written for the server to reload (an
+    /// HF safetensors directory per version); the same path must be
+    /// visible to the server. Empty: a directory of the actor's own.
+    pub weights_dir: PathBuf,
+    /// The server's `--served-model-name`.
+    pub served_model_name: String,
+    /// The Python of a venv with vLLM (scripts/vllm-env.sh makes one),
+    /// used when the actor starts the server.
+    pub python: PathBuf,
+    /// The model directory the server starts from (default: `[model]
+    /// hf_dir`); it must be the learner's architecture.
+    pub model_dir: Option<PathBuf>,
+    /// Port of a started server; 0 picks a free one.
+    pub port: u16,
+    /// `--dtype` of a started server: "float32", "bfloat16", "float16".
+    pub dtype: String,
+    /// GiB of KV cache of a started server on the CPU
+    /// (`VLLM_CPU_KVCACHE_SPACE`).
+    pub cpu_kv_cache_gib: u32,
+    /// Further arguments of a started server.
+    pub extra_args: Vec<String>,
+    /// Further environment of a started server.
+    pub env: BTreeMap<String, String>,
+    /// How long a started server may take to answer `/health`.
+    pub start_timeout_s: f64,
+    /// How long one generation request may take.
+    pub request_timeout_s: f64,
+    /// How long a weight reload may take before it counts as hung.
+    pub reload_timeout_s: f64,
+    /// Restarts of a started server that died, before the actor gives up
+    /// and exits non-zero (the count resets after an hour of health).
+    pub max_restarts: u32,
+}
+
+impl Default for VllmConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            allow_remote: false,
+            weights_dir: PathBuf::new(),
+            served_model_name: "bapo".into(),
+            python: default_python(),
+            model_dir: None,
+            port: 0,
+            dtype: "float32".into(),
+            cpu_kv_cache_gib: 2,
+            extra_args: Vec::new(),
+            env: BTreeMap::new(),
+            start_timeout_s: 600.0,
+            request_timeout_s: 600.0,
+            reload_timeout_s: 120.0,
+            max_restarts: 3,
+        }
+    }
+}
+
+/// The venv scripts/vllm-env.sh makes, or `BAPO_VLLM_VENV`'s.
+fn default_python() -> PathBuf {
+    let venv = std::env::var_os("BAPO_VLLM_VENV")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/bapo/vllm-venv"))
+        });
+    venv.unwrap_or_default().join("bin/python")
+}
+
+/// A `[actor.vllm]` setting that cannot mean what it says, named.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum VllmConfigError {
+    #[error(
+        "actor.vllm.url = {0:?}: plain HTTP to a server off this host is \
+         unauthenticated; set actor.vllm.allow_remote = true if that is meant"
+    )]
+    Remote(String),
+    #[error("actor.vllm.url = {0:?}: expected http://host:port")]
+    Url(String),
+    #[error("actor.vllm.dtype = {0:?}: expected float32, bfloat16 or float16")]
+    Dtype(String),
+    #[error("actor.vllm.{0} = {1}: must be a finite number of seconds > 0")]
+    Seconds(&'static str, f64),
+    #[error(
+        "actor.vllm: a started server needs a model directory \
+         (actor.vllm.model_dir or [model] hf_dir); bapo's built-in presets are not \
+         HF models vLLM can load"
+    )]
+    NoModel,
+}
+
+impl VllmConfig {
+    /// Whether the actor starts the server itself.
+    pub fn starts_server(&self) -> bool {
+        self.url.is_empty()
+    }
+
+    pub fn validate(&self) -> Result<(), VllmConfigError> {
+        if !self.url.is_empty() {
+            if !self.url.starts_with("http://") {
+                return Err(VllmConfigError::Url(self.url.clone()));
+            }
+            if !self.allow_remote && !bapo_proto::tls::is_loopback_url(&self.url) {
+                return Err(VllmConfigError::Remote(self.url.clone()));
+            }
+        }
+        if !["float32", "bfloat16", "float16"].contains(&self.dtype.as_str()) {
+            return Err(VllmConfigError::Dtype(self.dtype.clone()));
+        }
+        for (name, s) in [
+            ("start_timeout_s", self.start_timeout_s),
+            ("request_timeout_s", self.request_timeout_s),
+            ("reload_timeout_s", self.reload_timeout_s),
+        ] {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(VllmConfigError::Seconds(name, s));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(f: impl FnOnce(&mut VllmConfig)) -> Result<(), VllmConfigError> {
+        let mut c = VllmConfig::default();
+        f(&mut c);
+        c.validate()
+    }
+
+    #[test]
+    fn what_cannot_mean_what_it_says_is_refused_by_name() {
+        assert_eq!(with(|_| {}), Ok(()));
+        assert_eq!(with(|c| c.url = "http://127.0.0.1:8000".into()), Ok(()));
+        let remote = with(|c| c.url = "http://vllm:8000".into()).unwrap_err();
+        assert!(remote.to_string().contains("allow_remote"), "{remote}");
+        assert_eq!(
+            with(|c| {
+                c.url = "http://vllm:8000".into();
+                c.allow_remote = true;
+            }),
+            Ok(())
+        );
+        assert!(matches!(
+            with(|c| c.url = "https://x".into()),
+            Err(VllmConfigError::Url(_))
+        ));
+        assert!(matches!(
+            with(|c| c.dtype = "f32".into()),
+            Err(VllmConfigError::Dtype(_))
+        ));
+        assert!(matches!(
+            with(|c| c.reload_timeout_s = 0.0),
+            Err(VllmConfigError::Seconds("reload_timeout_s", _))
+        ));
+    }
+}

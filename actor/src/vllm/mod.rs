@@ -1,0 +1,215 @@
+//! vLLM as the actor's generator (`[actor] engine = "vllm"`).
+//!
+//! The actor keeps everything it does with its own generation (leases,
+//! rewards, pushes, partial and restart modes, metrics, mutual TLS to the
+//! buffer and the learner) and sends each group to a vLLM server as one
+//! token-id request with `n = K`. The actor's tokenizer and chat template
+//! stay the source of truth: prompts go as token ids, and completions come
+//! back as token ids with the log-prob of each sampled token.
+//!
+//! How the version guarantees hold (docs/architecture.md, "Engine
+//! actors"): the engine labels every token it makes with the weight
+//! version it holds (vLLM's per-token version spans); the actor sets that
+//! label only after a reload succeeded, and to [`group::UNKNOWN`] before
+//! one starts, so a token's version is always weights the engine held.
+//! The label carries the learner incarnation, so a group across two
+//! lineages is generated again, as in the Burn path. In restart mode a
+//! weight update aborts the requests in flight and their groups are
+//! generated again under the new version; in partial mode they are
+//! paused with their KV cache and go on with the new weights (the spans
+//! say where the version changed). Leases and staleness are unchanged:
+//! the slots see a version (for the lease's weight wait and the
+//! versions-behind gauge) only once the engine serves it.
+
+pub mod api;
+pub mod config;
+pub mod group;
+pub mod server;
+pub mod sync;
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, atomic::AtomicBool},
+    time::Duration,
+};
+
+use anyhow::Context;
+use bapo_policy::SamplingParams;
+use metrics::counter;
+use tokio::{sync::watch, task::JoinHandle};
+
+pub use config::{VllmConfig, VllmConfigError};
+
+use crate::{config::UpdateMode, metrics as names, rollout::Outcome, subscription::PolicyCell};
+use api::Api;
+
+/// A group is generated again at most this often (weight updates in
+/// restart mode, a new learner incarnation) before the slot gives up on
+/// its problem and takes the next one.
+const MAX_ATTEMPTS: usize = 8;
+
+/// The generation side of an engine actor: what a slot calls.
+pub struct Engine {
+    api: Api,
+    request_timeout: Duration,
+    /// Keeps a weights directory of the actor's own alive.
+    _own_dir: Option<tempfile::TempDir>,
+}
+
+/// Why a group could not be generated.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// The server is down or restarting; the slot waits for it.
+    #[error("{0}")]
+    Down(api::ApiError),
+    /// The server refused the request (e.g. a prompt too long for it).
+    #[error("{0}")]
+    Refused(api::ApiError),
+    #[error("generated {MAX_ATTEMPTS} times without one usable group (last: {0})")]
+    Unsettled(group::ChoiceError),
+}
+
+/// The engine, the cell of the weights it serves (what the slots follow
+/// instead of the subscription), and its background work, which ends with
+/// an error only when the engine can never serve (the actor then exits).
+pub struct Started {
+    pub engine: Arc<Engine>,
+    pub serving: PolicyCell,
+    pub background: JoinHandle<anyhow::Result<()>>,
+}
+
+/// Starts (or connects to) the server and the loader that keeps it on the
+/// subscription's newest weights.
+pub fn start(
+    cfg: &VllmConfig,
+    mode: UpdateMode,
+    model_dir: Option<PathBuf>,
+    weights: PolicyCell,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Started> {
+    cfg.validate()?;
+    let (weights_dir, own_dir) = if cfg.weights_dir.as_os_str().is_empty() {
+        let d = tempfile::Builder::new().prefix("bapo-vllm-").tempdir()?;
+        (d.path().to_path_buf(), Some(d))
+    } else {
+        std::fs::create_dir_all(&cfg.weights_dir)
+            .with_context(|| format!("actor.vllm.weights_dir {}", cfg.weights_dir.display()))?;
+        (cfg.weights_dir.clone(), None)
+    };
+    let (up_tx, up_rx) = watch::channel(false);
+    let (ready_tx, ready_rx) = watch::channel(None);
+    let (server, url) = if cfg.starts_server() {
+        let model_dir = cfg
+            .model_dir
+            .clone()
+            .or(model_dir)
+            .ok_or(VllmConfigError::NoModel)?;
+        let launch = server::Launch {
+            cfg: cfg.clone(),
+            model_dir,
+            port: if cfg.port == 0 {
+                server::free_port()?
+            } else {
+                cfg.port
+            },
+            ext_dir: server::ext_dir(&weights_dir),
+            log: weights_dir.join("vllm.log"),
+        };
+        let url = launch.url();
+        let task = tokio::spawn(server::supervise(launch, up_tx, stop.clone()));
+        (Some(task), url)
+    } else {
+        let api = Api::new(&cfg.url, &cfg.served_model_name);
+        tokio::spawn(server::follow_health(api, up_tx, stop.clone()));
+        (None, cfg.url.clone())
+    };
+    let api = Api::new(&url, &cfg.served_model_name);
+    let loader = sync::Loader {
+        api: api.clone(),
+        weights_dir,
+        mode,
+        reload_timeout: Duration::from_secs_f64(cfg.reload_timeout_s),
+    };
+    let loading = tokio::spawn(sync::follow(loader, weights, up_rx, ready_tx, stop));
+    let background = tokio::spawn(async move {
+        match server {
+            Some(server) => tokio::select! {
+                r = server => r?.map_err(anyhow::Error::new),
+                r = loading => r?.map_err(anyhow::Error::new),
+            },
+            None => loading.await?.map_err(anyhow::Error::new),
+        }
+    });
+    Ok(Started {
+        engine: Arc::new(Engine {
+            api,
+            request_timeout: Duration::from_secs_f64(cfg.request_timeout_s),
+            _own_dir: own_dir,
+        }),
+        serving: ready_rx,
+        background,
+    })
+}
+
+impl Engine {
+    /// The server's base URL.
+    pub fn url(&self) -> &str {
+        self.api.base()
+    }
+
+    /// `k` responses to `prompt`, each token with the version the engine
+    /// made it with; generated again when a weight update aborted it or
+    /// its tokens span two learner incarnations.
+    pub async fn generate(
+        &self,
+        prompt: &[u32],
+        k: usize,
+        params: &SamplingParams,
+        abort: &AtomicBool,
+    ) -> Result<Outcome, GenerateError> {
+        let request = api::SamplingParams {
+            n: k,
+            temperature: params.temperature,
+            seed: params.seed,
+            max_tokens: params.max_new_tokens,
+            logprobs: 0,
+            stop_token_ids: params.stop_tokens.clone(),
+            ignore_eos: true,
+        };
+        let mut last = None;
+        for _ in 0..MAX_ATTEMPTS {
+            if abort.load(std::sync::atomic::Ordering::Relaxed) {
+                return Ok(Outcome::Aborted);
+            }
+            let generated = self
+                .api
+                .generate(prompt, &request, self.request_timeout)
+                .await
+                .map_err(|e| match e {
+                    e if e.is_unreachable() => GenerateError::Down(e),
+                    e @ api::ApiError::Status { status: 400, .. } => GenerateError::Refused(e),
+                    e => GenerateError::Down(e),
+                })?;
+            match group::responses(generated.choices) {
+                Ok((responses, incarnation)) if responses.len() == k => {
+                    return Ok(Outcome::Done {
+                        responses,
+                        incarnation,
+                    });
+                }
+                Ok((responses, _)) => {
+                    last = Some(group::ChoiceError::Malformed(format!(
+                        "{} choices for n = {k}",
+                        responses.len()
+                    )));
+                }
+                Err(e) => last = Some(e),
+            }
+            counter!(names::ABORTED_GROUPS).increment(1);
+            tracing::debug!("group generated again: {:?}", last);
+        }
+        Err(GenerateError::Unsettled(last.unwrap_or(
+            group::ChoiceError::Malformed("no attempt".into()),
+        )))
+    }
+}

