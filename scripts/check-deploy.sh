@@ -20,7 +20,10 @@
 #      flags, the config file, mutual TLS: certificates, their mounts,
 #      flags, roles, usages and DNS names, the issuer chain, no --insecure
 #      by default, the optional reward server and the actors' [reward]
-#      table, refused value combinations such as a reward without an image);
+#      table, the optional vLLM container of the actor pods (actor.engine
+#      vllm: its flags, loopback probes, GPUs, the shared weights directory,
+#      the extension ConfigMap equal to actor/vllm/bapo_vllm_ext.py),
+#      refused value combinations such as a reward without an image);
 #   2. promtool check rules + test rules for deploy/prometheus, the
 #      dashboard's queries and the KEDA scaling query;
 #   3. hadolint on deploy/Dockerfile and deploy/Dockerfile.cuda.

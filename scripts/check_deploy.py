@@ -7,9 +7,11 @@ against the Kubernetes JSON schemas in strict mode (kubernetes-validate),
 checks that the objects fit together (selectors, named ports, probes, the
 CLI contract, the config file, mutual TLS: certificates, their mounts and
 flags, identities and DNS names, the optional reward server and the actors'
-[reward] table), and that the copies of the dashboard and
-the rules inside the chart equal the ones in deploy/. It writes every
-PromQL expression of the dashboard into a rules file for promtool to parse.
+[reward] table, the optional vLLM container of the actor pods and the
+actors' [actor.vllm] table), and that the copies of the dashboard, the
+rules and the vLLM worker extension inside the chart equal the originals.
+It writes every PromQL expression of the dashboard into a rules file for
+promtool to parse.
 
 Prints one line per check and exits non-zero if any failed.
 """
@@ -213,7 +215,8 @@ def check_objects(docs: list[dict], values: dict) -> None:
         assert gov and gov["spec"].get("clusterIP") == "None", f"{sts['metadata']['name']}: governing Service must exist and be headless"
 
     # Pods: security, /tmp, config, probes. The reward server is the user's
-    # image, not bapo: no config file, no bapo flags, TCP probes.
+    # image, not bapo: no config file, no bapo flags, TCP probes. The vLLM
+    # container of an actor pod (engine vllm) neither: check_vllm checks it.
     for w in workloads(docs):
         wn, spec = w["metadata"]["name"], w["spec"]["template"]["spec"]
         is_reward = component(w) == "reward"
@@ -223,23 +226,26 @@ def check_objects(docs: list[dict], values: dict) -> None:
         assert psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{wn}: seccomp"
         vols = {v["name"]: v for v in spec["volumes"]}
         for c in spec["containers"]:
+            is_vllm = component(w) == "actor" and c["name"] == "vllm"
             sc = c["securityContext"]
             assert sc.get("readOnlyRootFilesystem") is True, f"{wn}: read-only root"
             assert sc.get("allowPrivilegeEscalation") is False, f"{wn}: privilege escalation"
             assert sc.get("capabilities", {}).get("drop") == ["ALL"], f"{wn}: capabilities"
             mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
             assert "emptyDir" in vols[mounts["/tmp"]], f"{wn}: /tmp must be an emptyDir"
-            if not is_reward:
+            if not is_reward and not is_vllm:
                 cm = vols[mounts["/etc/bapo"]]["configMap"]["name"]
                 assert cm in configmaps and "bapo.toml" in configmaps[cm]["data"], f"{wn}: config map {cm}"
             for m in c["volumeMounts"]:
                 assert m["name"] in vols or any(
                     t["metadata"]["name"] == m["name"] for t in w["spec"].get("volumeClaimTemplates", [])
                 ), f"{wn}: mount {m['name']} has no volume"
-            if not is_reward:
+            if not is_reward and not is_vllm:
                 assert flag(c["args"], "--config") == "/etc/bapo/bapo.toml", f"{wn}: --config"
             ports = container_ports(w)
             for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                if is_vllm:
+                    continue
                 p = c[probe]
                 if is_reward:
                     # No gRPC health service in the reference server, and
@@ -251,7 +257,7 @@ def check_objects(docs: list[dict], values: dict) -> None:
                     assert p["httpGet"]["port"] in ports and p["httpGet"]["path"] == "/metrics", f"{wn}: {probe}"
             assert c["resources"].get("limits", {}).get("memory"), f"{wn}: memory limit"
             env = {e["name"] for e in c.get("env", [])}
-            want_env = {"POD_NAME", "HOME"} | (set() if is_reward else {"RUST_LOG"})
+            want_env = {"HOME"} if is_vllm else {"POD_NAME", "HOME"} | (set() if is_reward else {"RUST_LOG"})
             assert want_env <= env, f"{wn}: env {env}"
 
     # The CLI contract.
@@ -277,9 +283,12 @@ def check_objects(docs: list[dict], values: dict) -> None:
     assert any(p["port"] == bgrpc for p in buf_svc["spec"]["ports"]), "buffer Service port"
     assert any(p["port"] == lgrpc for p in learn_svc["spec"]["ports"]), "learner Service port"
 
-    # GPUs.
+    # GPUs. With the vLLM engine the actor's GPUs are the vLLM container's
+    # (check_vllm): the actor container gets none and the CPU image.
     for w, key in ((learner, "learner"), (actor, "actor")):
         gpus = values_get(values, f"{key}.gpus", 1)
+        if key == "actor" and vllm_on(values):
+            gpus = 0
         res = w["spec"]["template"]["spec"]["containers"][0]["resources"]
         got = res.get("limits", {}).get("nvidia.com/gpu")
         assert (got or 0) == gpus, f"{key}: nvidia.com/gpu limit {got}, want {gpus}"
@@ -347,6 +356,7 @@ def check_objects(docs: list[dict], values: dict) -> None:
         assert allowed == want, f"NetworkPolicy allows {sorted(allowed)}, want {sorted(want)}"
 
     check_reward(docs, values, services, configmaps)
+    check_vllm(docs, values, configmaps)
 
     # ServiceMonitor: one scrape target per workload.
     for sm in by_kind(docs, "ServiceMonitor"):
@@ -499,6 +509,220 @@ def check_reward(docs: list[dict], values: dict, services: dict, configmaps: dic
                 for rule in anp["spec"].get("egress", [])
             )
             assert ok, f"actor NetworkPolicy: no egress to the reward pods on {port}"
+
+
+# ------------------------------------------------------------- vLLM engine
+
+VLLM_EXT = ROOT / "actor" / "vllm" / "bapo_vllm_ext.py"
+VLLM_EXT_CHART = CHART / "files" / "bapo_vllm_ext.py"
+# The flags the chart sets on the vLLM server (flag -> value, None: a switch).
+VLLM_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def vllm_on(values: dict) -> bool:
+    return values_get(values, "actor.engine", "burn") == "vllm"
+
+
+def actor_fields() -> set[str]:
+    return struct_fields("actor/src/config.rs", "ActorConfig")
+
+
+def vllm_fields() -> set[str] | None:
+    """The fields of the Rust struct behind [actor.vllm] (the one with
+    served_model_name and weights_dir), or None while there is none."""
+    for f in sorted((ROOT / "actor" / "src").rglob("*.rs")):
+        src = f.read_text()
+        for m in re.finditer(r"pub struct (\w+) \{", src):
+            body = src[m.end():].split("\n}", 1)[0]
+            fields = set(re.findall(r"^\s*pub (\w+):", body, re.M))
+            if {"served_model_name", "weights_dir"} <= fields:
+                return fields
+    return None
+
+
+def vllm_flags(args: list[str]) -> dict[str, str | None]:
+    """--flag value / --flag=value / --switch as a dict; a repeated flag fails."""
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        assert a.startswith("-"), f"vllm: stray argument {a!r} in {args}"
+        if "=" in a:
+            k, v = a.split("=", 1)
+            i += 1
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            k, v = a, args[i + 1]
+            i += 2
+        else:
+            k, v = a, None
+            i += 1
+        assert k not in out, f"vllm: {k} given twice in {args}"
+        out[k] = v
+    return out
+
+
+def health_probe(c: dict, probe: str) -> tuple[str, int]:
+    """(url, urllib timeout) of an exec probe that GETs /health."""
+    p = c[probe]
+    assert set(p) & {"httpGet", "tcpSocket", "grpc"} == set(), (
+        f"vllm: {probe} dials the pod's address, where the server (--host 127.0.0.1) does not listen"
+    )
+    cmd = p["exec"]["command"]
+    assert cmd[:2] == ["python3", "-c"] and len(cmd) == 3, f"vllm: {probe} command {cmd}"
+    m = re.fullmatch(r"import urllib\.request; urllib\.request\.urlopen\('([^']+)', timeout=(\d+)\)", cmd[2])
+    assert m, f"vllm: {probe} does not GET a URL: {cmd[2]}"
+    url, timeout = m.group(1), int(m.group(2))
+    assert timeout < p.get("timeoutSeconds", 1), f"vllm: {probe}: urllib timeout {timeout} s must be below timeoutSeconds {p.get('timeoutSeconds', 1)}"
+    return url, timeout
+
+
+def check_vllm(docs: list[dict], values: dict, configmaps: dict) -> None:
+    """The vLLM engine (actor.engine vllm): the server container beside the
+    actor, its flags, probes, GPUs and mounts, and the actor's [actor.vllm]
+    table, all naming the same port, weights directory and model."""
+    actor = one(docs, "Deployment", "-actor")
+    spec = actor["spec"]["template"]["spec"]
+    names = [c["name"] for c in spec["containers"]]
+    vols = {v["name"]: v for v in spec["volumes"]}
+    ext_cms = [c for c in configmaps.values() if "bapo_vllm_ext.py" in c.get("data", {})]
+    cfg = config_of(configmaps)
+    cfg_actor = cfg.get("actor", {})
+    override = bool(values.get("configOverride"))
+
+    if not override:
+        # [actor] keys are ActorConfig's (deny_unknown_fields); engine and
+        # vllm once the Rust side has them.
+        fields = actor_fields()
+        unknown = set(cfg_actor) - fields
+        if "engine" not in fields:
+            pending = unknown & {"engine", "vllm"}
+            if pending:
+                note(f"[actor] {sorted(pending)}: not (yet) in ActorConfig; not checked against it")
+            unknown -= {"engine", "vllm"}
+        assert not unknown, f"[actor] keys not in ActorConfig: {sorted(unknown)}"
+
+    if not vllm_on(values):
+        assert names == ["actor"], f"actor.engine burn: the actor pod runs {names}"
+        assert not ext_cms, "actor.engine burn: no vLLM extension ConfigMap"
+        assert not [v for v in vols if v.startswith("vllm-")], f"actor.engine burn: vLLM volumes {sorted(vols)}"
+        if not override:
+            assert "engine" not in cfg_actor and "vllm" not in cfg_actor, "actor.engine burn: [actor] engine / [actor.vllm] written"
+        return
+
+    assert names == ["actor", "vllm"], f"actor.engine vllm: containers {names}, want the actor first and then vllm"
+    ac, vc = spec["containers"]
+    port = values_get(values, "actor.vllm.port", 8000)
+    gpus = values_get(values, "actor.gpus", 1)
+    v = values_get(values, "actor.vllm", {})
+
+    # The server's command line.
+    repo = values_get(values, "actor.vllm.image.repository", "vllm/vllm-openai")
+    tag = values_get(values, "actor.vllm.image.tag", "v0.32.0")
+    assert vc["image"] == f"{repo}:{tag}", f"vllm: image {vc['image']}, want {repo}:{tag}"
+    assert vc.get("command") == ["python3", "-m", VLLM_SERVER], f"vllm: command {vc.get('command')}"
+    args = vc["args"]
+    extra = list(v.get("extraArgs", []) or [])
+    assert args[len(args) - len(extra):] == extra, f"vllm: args {args} must end with actor.vllm.extraArgs {extra}"
+    fl = vllm_flags(args)
+    model_dir = values_get(values, "model.hfDir", "")
+    want = {
+        "--model": model_dir,
+        "--served-model-name": "bapo",
+        "--host": "127.0.0.1",
+        "--port": str(port),
+        "--tensor-parallel-size": str(gpus),
+        "--enable-scale-out": None,
+        "--logprobs-mode": "processed_logprobs",
+        "--worker-extension-cls": "bapo_vllm_ext.BapoWorker",
+        "--dtype": values_get(values, "actor.vllm.dtype", "bfloat16"),
+    }
+    for k, val in want.items():
+        assert k in fl and fl[k] == val, f"vllm: {k} {fl.get(k, '(missing)')!r}, want {val!r}"
+    env = env_of(vc)
+    assert env.get("VLLM_SERVER_DEV_MODE") == "1", "vllm: VLLM_SERVER_DEV_MODE=1 (the actor reloads weights through /collective_rpc)"
+    assert env.get("HOME") == "/tmp", "vllm: HOME must be the /tmp emptyDir (read-only root)"
+
+    # Loopback only: no container port, no probe from outside the container.
+    assert not vc.get("ports"), f"vllm: container ports {vc.get('ports')}: the server listens on 127.0.0.1 only"
+    for np in by_kind(docs, "NetworkPolicy"):
+        for rule in np["spec"].get("ingress", []) + np["spec"].get("egress", []):
+            for p in rule.get("ports", []):
+                assert p.get("port") != port, f"NetworkPolicy {np['metadata']['name']} names the vLLM port {port}"
+    urls = {health_probe(vc, p)[0] for p in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert urls == {f"http://127.0.0.1:{port}/health"}, f"vllm: probes ask {sorted(urls)}, want http://127.0.0.1:{port}/health (--host, --port)"
+    sp = vc["startupProbe"]
+    budget = sp.get("periodSeconds", 10) * sp.get("failureThreshold", 3)
+    want_budget = values_get(values, "actor.vllm.startupTimeoutSeconds", 1800)
+    assert want_budget <= budget < want_budget + sp.get("periodSeconds", 10), f"vllm: the startup probe allows {budget} s, want actor.vllm.startupTimeoutSeconds {want_budget}"
+
+    # The actor's [actor.vllm] table: the same server, weights and model.
+    assert cfg_actor.get("engine") == "vllm", f"[actor] engine = {cfg_actor.get('engine')!r}, want \"vllm\""
+    t = cfg_actor.get("vllm")
+    assert isinstance(t, dict), "engine vllm: no [actor.vllm] table"
+    assert t.get("url") == f"http://127.0.0.1:{port}", f"[actor.vllm] url {t.get('url')!r}: want the sidecar http://127.0.0.1:{port}"
+    assert t.get("served_model_name") == fl["--served-model-name"], "[actor.vllm] served_model_name must be the server's --served-model-name"
+    assert t.get("dtype") == fl["--dtype"], f"[actor.vllm] dtype {t.get('dtype')!r} must be the server's --dtype {fl['--dtype']!r}"
+    for key, vk, default in (("request_timeout_s", "requestTimeoutSeconds", 600), ("reload_timeout_s", "reloadTimeoutSeconds", 120)):
+        want_v = values_get(values, f"actor.vllm.{vk}", default)
+        assert t.get(key) == want_v, f"[actor.vllm] {key} = {t.get(key)!r}, want {want_v!r} (actor.vllm.{vk})"
+        assert isinstance(t.get(key), int) == isinstance(want_v, int), f"[actor.vllm] {key}: a whole number must be a TOML integer"
+    rust = vllm_fields()
+    if rust is None:
+        note("[actor.vllm]: no Rust struct with served_model_name and weights_dir in actor/src yet; keys not checked against it")
+    else:
+        assert not set(t) - rust, f"[actor.vllm] keys not in the Rust struct: {sorted(set(t) - rust)}"
+    assert cfg["model"].get("hf_dir") == model_dir, f"[model] hf_dir {cfg['model'].get('hf_dir')!r} and vLLM's --model {model_dir!r} must be one directory"
+
+    # Weights: the one emptyDir at weights_dir in both containers, written by
+    # the actor.
+    wd = t.get("weights_dir")
+    assert wd == values_get(values, "actor.vllm.weightsDir", "/weights"), f"[actor.vllm] weights_dir {wd!r}, want actor.vllm.weightsDir"
+    am = {m["mountPath"]: m for m in ac["volumeMounts"]}
+    vm = {m["mountPath"]: m for m in vc["volumeMounts"]}
+    assert wd in am and wd in vm, f"weights_dir {wd} must be mounted in both containers (actor {sorted(am)}, vllm {sorted(vm)})"
+    assert am[wd]["name"] == vm[wd]["name"] and "subPath" not in am[wd] and "subPath" not in vm[wd], f"{wd}: the containers mount different volumes"
+    assert "emptyDir" in vols[am[wd]["name"]], f"{wd}: the weights volume must be an emptyDir of the pod"
+    assert not am[wd].get("readOnly"), f"{wd}: the actor writes the weight versions"
+
+    # The model: --model lies on a volume mounted at the same path in both.
+    def holder(mounts: dict, path: str) -> dict | None:
+        best = [m for mp, m in mounts.items() if path == mp or path.startswith(mp.rstrip("/") + "/")]
+        return max(best, key=lambda m: len(m["mountPath"]), default=None)
+
+    hm_v, hm_a = holder(vm, model_dir), holder(am, model_dir)
+    assert hm_v, f"vllm: --model {model_dir} is in none of its mounts {sorted(vm)}"
+    assert hm_a and hm_a["mountPath"] == hm_v["mountPath"] and hm_a["name"] == hm_v["name"], f"{model_dir}: the actor and vLLM must see the model on one volume at one path"
+    assert "persistentVolumeClaim" in vols[hm_v["name"]], f"{model_dir}: on a {sorted(vols[hm_v['name']])} volume"
+
+    # /tmp and /dev/shm of the server.
+    assert "emptyDir" in vols[vm["/tmp"]["name"]], "vllm: /tmp must be an emptyDir"
+    assert vols.get(vm.get("/dev/shm", {}).get("name"), {}).get("emptyDir", {}).get("medium") == "Memory", "vllm: /dev/shm must be an in-memory emptyDir"
+
+    # GPUs on the server, none on the actor.
+    res = vc["resources"]
+    assert gpus >= 1, f"actor.gpus {gpus}: vLLM needs a GPU"
+    got = (res.get("limits", {}).get("nvidia.com/gpu"), res.get("requests", {}).get("nvidia.com/gpu"))
+    assert got == (gpus, gpus), f"vllm: nvidia.com/gpu limit and request {got}, want actor.gpus {gpus}"
+    assert "nvidia.com/gpu" not in json.dumps(ac["resources"]), "actor container: its GPUs went to vLLM"
+    assert "--device" not in ac["args"], "actor container: no --device with engine vllm (it has no GPU)"
+
+    # The extension: the ConfigMap holds the repository's file, mounted at a
+    # directory on the server's PYTHONPATH, under the module name
+    # --worker-extension-cls names; a new file rolls the pods.
+    assert len(ext_cms) == 1, f"one vLLM extension ConfigMap, found {len(ext_cms)}"
+    ext = ext_cms[0]
+    mod, _, cls = fl["--worker-extension-cls"].rpartition(".")
+    assert f"{mod}.py" in ext["data"], f"extension ConfigMap has {sorted(ext['data'])}, not {mod}.py"
+    src = VLLM_EXT.read_text()
+    assert ext["data"][f"{mod}.py"] == src, f"the extension ConfigMap differs from {VLLM_EXT.relative_to(ROOT)}"
+    assert re.search(rf"^class {cls}\b", src, re.M), f"{VLLM_EXT.relative_to(ROOT)} defines no class {cls}"
+    ext_mounts = [m for m in vc["volumeMounts"] if vols[m["name"]].get("configMap", {}).get("name") == ext["metadata"]["name"]]
+    assert len(ext_mounts) == 1 and ext_mounts[0].get("readOnly") and "subPath" not in ext_mounts[0], "vllm: mount the extension ConfigMap once, read-only, whole"
+    assert ext_mounts[0]["mountPath"] in (env.get("PYTHONPATH") or "").split(":"), f"vllm: PYTHONPATH {env.get('PYTHONPATH')!r} lacks {ext_mounts[0]['mountPath']}"
+    import hashlib
+
+    ann = actor["spec"]["template"]["metadata"].get("annotations", {})
+    assert ann.get("checksum/vllm-ext") == hashlib.sha256(src.encode()).hexdigest(), "actors: checksum/vllm-ext must be the extension's sha256 (a new extension rolls the pods)"
 
 
 # -------------------------------------------------------------- mutual TLS
@@ -903,7 +1127,10 @@ def check_copies() -> None:
         (DEPLOY / "grafana" / "bapo-dashboard.json", CHART / "dashboards" / "bapo-dashboard.json"),
         (DEPLOY / "prometheus" / "rules.yml", CHART / "prometheus" / "rules.yml"),
     ]
+    assert VLLM_EXT.is_file(), f"{VLLM_EXT.relative_to(ROOT)} is missing: the chart's copy {VLLM_EXT_CHART.relative_to(ROOT)} has no source"
+    pairs.append((VLLM_EXT, VLLM_EXT_CHART))
     for a, b in pairs:
+        assert b.is_file(), f"{b.relative_to(ROOT)} is missing: cp {a.relative_to(ROOT)} {b.relative_to(ROOT)}"
         assert a.read_bytes() == b.read_bytes(), (
             f"{b.relative_to(ROOT)} differs from {a.relative_to(ROOT)}: copy it (cp {a.relative_to(ROOT)} {b.relative_to(ROOT)})"
         )
@@ -1117,6 +1344,56 @@ def main() -> int:
         lambda: must_fail({"reward": rw_img, "config": {"actor": {"shaping": {"format_bonus": 0.1}}}}, "format_bonus"),
     )
     check("reward: [reward] follows configOverride; the actors roll", lambda: check_reward_override_and_roll(rw_img))
+    vl = {"model": {"hfDir": "/models/m", "volume": {"existingClaim": "models"}}, "actor": {"engine": "vllm"}}
+
+    def vl_with(**actor: Any) -> dict:
+        out = json.loads(json.dumps(vl))
+        for k, val in actor.items():
+            if isinstance(val, dict):
+                out["actor"].setdefault(k, {}).update(val)
+            else:
+                out["actor"][k] = val
+        return out
+
+    check("vllm: the minimal engine values render and fit", lambda: check_objects(render(vl), vl))
+    check("refuses an unknown actor.engine", lambda: must_fail({"actor": {"engine": "sglang"}}, "engine"))
+    check(
+        "refuses vllm without an image",
+        lambda: must_fail(vl_with(vllm={"image": {"repository": ""}}), "actor.vllm.image.repository and actor.vllm.image.tag are required"),
+    )
+    check(
+        "refuses vllm without an image tag",
+        lambda: must_fail(vl_with(vllm={"image": {"tag": ""}}), "actor.vllm.image.repository and actor.vllm.image.tag are required"),
+    )
+    check("refuses vllm without a GPU", lambda: must_fail(vl_with(gpus=0), "needs actor.gpus >= 1"))
+    check("refuses vllm with a preset model", lambda: must_fail({"actor": {"engine": "vllm"}}, "needs model.hfDir"))
+    check(
+        "refuses vllm without a model volume",
+        lambda: must_fail({"model": {"hfDir": "/models/m"}, "actor": {"engine": "vllm"}}, "needs model.volume.existingClaim"),
+    )
+    check(
+        "refuses vllm with the model outside its volume",
+        lambda: must_fail({**vl, "model": {"hfDir": "/opt/m", "volume": {"existingClaim": "models"}}}, "must lie under model.volume.mountPath"),
+    )
+    check("refuses a weights directory over another mount", lambda: must_fail(vl_with(vllm={"weightsDir": "/tmp/w"}), "overlaps /tmp"))
+    check("refuses the vLLM port on the metrics port", lambda: must_fail(vl_with(vllm={"port": 9100}), "metrics port"))
+    check(
+        "refuses vllm extraArgs that override the chart's flags",
+        lambda: must_fail(vl_with(vllm={"extraArgs": ["--host=0.0.0.0"]}), "--host is set by the chart"),
+    )
+    check(
+        "refuses configOverride with engine vllm",
+        lambda: must_fail({**vl, "configOverride": "[model]\npreset = \"tiny\"\n"}, "configOverride with actor.engine vllm"),
+    )
+    check("refuses config.actor.engine", lambda: must_fail({"config": {"actor": {"engine": "vllm"}}}, "set the engine with actor.engine"))
+    check(
+        "refuses config.actor.vllm with engine burn",
+        lambda: must_fail({"config": {"actor": {"vllm": {"url": "http://x"}}}}, "config.actor.vllm is set while actor.engine is burn"),
+    )
+    check(
+        "refuses config.actor.vllm keys the chart writes",
+        lambda: must_fail({**vl, "config": {"actor": {"vllm": {"weights_dir": "/w"}}}}, "config.actor.vllm.weights_dir is written by the chart"),
+    )
     check("chart copies equal deploy/ files", check_copies)
     check("every alert has a firing and a silent test", alerts_tested)
     n = check("dashboard shape", lambda: dashboard_exprs(args.out / "dashboard-rules.yml"))

@@ -179,9 +179,12 @@ One [table] of the config file, then its sub-tables as [table.sub]:
 {{/*
 The whole config file. With reward.enabled the chart's [reward] table is
 added (also after configOverride), so the actors call the release's reward
-server; the chart then refuses a [reward] table of its own in either.
+server; the chart then refuses a [reward] table of its own in either. With
+actor.engine vllm, [actor] gets engine = "vllm" and the [actor.vllm] table
+(the sidecar's url, the shared weights directory).
 */}}
 {{- define "bapo.configToml" -}}
+{{- include "bapo.vllm.validate" . -}}
 {{- $rw := .Values.reward.enabled -}}
 {{- if .Values.configOverride -}}
 {{- if and $rw (regexMatch "(?m)^\\s*\\[\\s*reward\\s*(\\]|\\.)" .Values.configOverride) -}}
@@ -208,6 +211,10 @@ server; the chart then refuses a [reward] table of its own in either.
 {{- end -}}
 {{- if and $rw (hasKey $c "reward") (not (kindIs "invalid" $c.reward)) -}}
 {{- fail "config.reward is set while reward.enabled is true: the chart writes the [reward] table (pointing the actors at its reward server); tune it with reward.timeoutMs, retries, backoffMs, concurrency, sendTokens" -}}
+{{- end -}}
+{{- if include "bapo.vllm.on" . -}}
+{{- $c = deepCopy $c -}}
+{{- $_ := set $c "actor" (include "bapo.vllm.actorTable" . | fromJson) -}}
 {{- end -}}
 {{- $shaping := default dict $a.shaping -}}
 {{- if and $rw (kindIs "map" $shaping) $shaping.format_bonus (ne (toString $shaping.format_bonus) "0") -}}
@@ -327,4 +334,133 @@ waits for data, fewer while groups pile up. Missing data reads 1 (no change).
 {{- define "bapo.scaleRatioQuery" -}}
 {{- $a := .Values.actor.autoscaling -}}
 {{- printf "(%v / clamp_min(avg_over_time(sum(bapo_buffer_groups{%s})[%s:15s]), 1)) or vector(1)" $a.targetReadyGroups (include "bapo.readySelector" .) $a.window -}}
+{{- end -}}
+
+{{/*
+The vLLM engine (actor.engine vllm): an official vLLM server in a second
+container of each actor pod, on 127.0.0.1, reloading the weight versions the
+actor writes into a shared emptyDir through bapo's worker extension
+(files/bapo_vllm_ext.py, a copy of actor/vllm/bapo_vllm_ext.py).
+*/}}
+{{- define "bapo.vllm.on" -}}
+{{- if eq (toString .Values.actor.engine) "vllm" }}true{{ end -}}
+{{- end -}}
+{{/* The --served-model-name, and [actor.vllm] served_model_name. */}}
+{{- define "bapo.vllm.servedModelName" -}}
+bapo
+{{- end -}}
+{{/* Where the extension ConfigMap is mounted (the server's PYTHONPATH). */}}
+{{- define "bapo.vllm.extDir" -}}
+/bapo-ext
+{{- end -}}
+{{- define "bapo.vllm.url" -}}
+{{- printf "http://127.0.0.1:%d" (int .Values.actor.vllm.port) -}}
+{{- end -}}
+{{/* The server's command line: (the chart's flags, then actor.vllm.extraArgs). */}}
+{{- define "bapo.vllm.args" -}}
+{{- $v := .Values.actor.vllm -}}
+{{- $args := list "--model" .Values.model.hfDir "--served-model-name" (include "bapo.vllm.servedModelName" .) "--host" "127.0.0.1" "--port" (toString (int $v.port)) "--tensor-parallel-size" (toString (int .Values.actor.gpus)) "--enable-scale-out" "--logprobs-mode" "processed_logprobs" "--worker-extension-cls" "bapo_vllm_ext.BapoWorker" "--dtype" $v.dtype -}}
+{{- toYaml (concat $args (default list $v.extraArgs)) -}}
+{{- end -}}
+{{/* An HTTP GET of /health from inside the vLLM container (it listens on loopback only). */}}
+{{- define "bapo.vllm.healthCheck" -}}
+exec:
+  command:
+    - python3
+    - -c
+    - {{ printf "import urllib.request; urllib.request.urlopen('http://127.0.0.1:%d/health', timeout=%d)" (int .port) (int (max 1 (sub (int (default 5 .probe.timeoutSeconds)) 1))) | quote }}
+{{ toYaml .probe }}
+{{- end -}}
+{{/* The extension module, from the chart's copy. */}}
+{{- define "bapo.vllm.extSource" -}}
+{{- $src := .Files.Get "files/bapo_vllm_ext.py" -}}
+{{- if not $src -}}
+{{- fail "actor.engine vllm: the chart lacks files/bapo_vllm_ext.py (a copy of actor/vllm/bapo_vllm_ext.py: cp actor/vllm/bapo_vllm_ext.py deploy/helm/bapo/files/)" -}}
+{{- end -}}
+{{- $src -}}
+{{- end -}}
+
+{{/*
+Refuses engine values that cannot work; included by configmap.yaml and the
+actor Deployment.
+*/}}
+{{- define "bapo.vllm.validate" -}}
+{{- $a := .Values.actor -}}
+{{- $v := $a.vllm -}}
+{{- $engine := toString $a.engine -}}
+{{- if not (has $engine (list "burn" "vllm")) -}}
+{{- fail (printf "actor.engine %q is unknown: \"burn\" (bapo generates) or \"vllm\" (a vLLM container in each actor pod)" $engine) -}}
+{{- end -}}
+{{- $cfgActor := default dict .Values.config.actor -}}
+{{- if not (kindIs "map" $cfgActor) -}}
+{{- $cfgActor = dict -}}
+{{- end -}}
+{{- if and (hasKey $cfgActor "engine") (not (kindIs "invalid" $cfgActor.engine)) -}}
+{{- fail "config.actor.engine: set the engine with actor.engine (the chart runs the vLLM container and writes [actor] engine from it)" -}}
+{{- end -}}
+{{- $cfgVllm := get $cfgActor "vllm" -}}
+{{- if eq $engine "vllm" -}}
+{{- if or (not $v.image.repository) (not $v.image.tag) -}}
+{{- fail "actor.vllm.image.repository and actor.vllm.image.tag are required when actor.engine is vllm: the vLLM server image (vllm/vllm-openai at the release bapo's extension is written against)" -}}
+{{- end -}}
+{{- if lt (int $a.gpus) 1 -}}
+{{- fail "actor.engine vllm needs actor.gpus >= 1: the GPUs of the vLLM container (vLLM does not run on the CPU image here)" -}}
+{{- end -}}
+{{- if not .Values.model.hfDir -}}
+{{- fail "actor.engine vllm needs model.hfDir: vLLM serves a Hugging Face checkpoint directory, not a built-in preset" -}}
+{{- end -}}
+{{- $mp := trimSuffix "/" .Values.model.volume.mountPath -}}
+{{- if not .Values.model.volume.existingClaim -}}
+{{- fail "actor.engine vllm needs model.volume.existingClaim: the model must be on a volume that both the actor and the vLLM container mount" -}}
+{{- end -}}
+{{- if not (hasPrefix (printf "%s/" $mp) .Values.model.hfDir) -}}
+{{- fail (printf "actor.engine vllm: model.hfDir %s must lie under model.volume.mountPath %s, the volume both containers mount" .Values.model.hfDir $mp) -}}
+{{- end -}}
+{{- $w := trimSuffix "/" $v.weightsDir -}}
+{{- range $p := list $mp "/tmp" "/etc/bapo" "/etc/bapo-tls" "/etc/bapo-ca" "/etc/bapo-blocklist" "/dev/shm" (include "bapo.vllm.extDir" $) -}}
+{{- if or (eq $w $p) (hasPrefix (printf "%s/" $p) $w) (hasPrefix (printf "%s/" $w) $p) -}}
+{{- fail (printf "actor.vllm.weightsDir %s overlaps %s, which the pod already mounts: pick a directory of its own (the default is /weights)" $v.weightsDir $p) -}}
+{{- end -}}
+{{- end -}}
+{{- if eq (int $v.port) (int .Values.ports.metrics) -}}
+{{- fail (printf "actor.vllm.port %d is the actors' metrics port (ports.metrics): pick another" (int $v.port)) -}}
+{{- end -}}
+{{- range $f := default list $v.extraArgs -}}
+{{- $name := regexReplaceAll "=.*$" (toString $f) "" -}}
+{{- if has $name (list "--model" "--served-model-name" "--host" "--port" "--tensor-parallel-size" "-tp" "--enable-scale-out" "--logprobs-mode" "--worker-extension-cls" "--dtype" "--uds") -}}
+{{- fail (printf "actor.vllm.extraArgs: %s is set by the chart (model.hfDir, actor.gpus, actor.vllm.port, actor.vllm.dtype, or fixed for bapo's extension)" $name) -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.configOverride -}}
+{{- fail "configOverride with actor.engine vllm: the chart writes [actor] engine and the [actor.vllm] table (the server's url, the shared weights directory), which it cannot add to a raw file; use the `config` maps instead" -}}
+{{- end -}}
+{{- if $cfgVllm -}}
+{{- if not (kindIs "map" $cfgVllm) -}}
+{{- fail "config.actor.vllm must be a table (a map of settings)" -}}
+{{- end -}}
+{{- range $k := list "url" "weights_dir" "served_model_name" "dtype" "request_timeout_s" "reload_timeout_s" -}}
+{{- if hasKey $cfgVllm $k -}}
+{{- fail (printf "config.actor.vllm.%s is written by the chart (from actor.vllm: port, weightsDir, dtype, requestTimeoutSeconds, reloadTimeoutSeconds)" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- else if $cfgVllm -}}
+{{- fail "config.actor.vllm is set while actor.engine is burn: it configures the vLLM engine only (set actor.engine: vllm)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The [actor] table of the config file with the engine's settings added. */}}
+{{- define "bapo.vllm.actorTable" -}}
+{{- $a := deepCopy (default dict .Values.config.actor) -}}
+{{- $v := .Values.actor.vllm -}}
+{{- $t := deepCopy (default dict (get $a "vllm")) -}}
+{{- $_ := set $t "url" (include "bapo.vllm.url" .) -}}
+{{- $_ := set $t "weights_dir" $v.weightsDir -}}
+{{- $_ := set $t "served_model_name" (include "bapo.vllm.servedModelName" .) -}}
+{{- $_ := set $t "dtype" $v.dtype -}}
+{{- $_ := set $t "request_timeout_s" $v.requestTimeoutSeconds -}}
+{{- $_ := set $t "reload_timeout_s" $v.reloadTimeoutSeconds -}}
+{{- $_ := set $a "engine" "vllm" -}}
+{{- $_ := set $a "vllm" $t -}}
+{{- toJson $a -}}
 {{- end -}}
