@@ -77,6 +77,7 @@ trains_on! {
     asymre_trains_on_advantages_without_std: "asymre" => MEAN_ONLY;
     decoupled_trains_on_grpo_advantages: "decoupled" => GRPO;
     tis_trains_on_grpo_advantages: "tis" => GRPO;
+    rec_trains_on_advantages_without_std: "rec-ring" => MEAN_ONLY;
 }
 
 #[test]

@@ -31,7 +31,7 @@ pub enum Mode {
 #[derive(Debug, Args)]
 pub struct LossArgs {
     /// Loss name: bapo, ppo, grpo, dr-grpo, dapo, gspo, sapo, cispo, opmd,
-    /// asymre, decoupled, tis.
+    /// asymre, decoupled, tis, rec-onesided, rec-twosided, rec-ring.
     #[arg(long)]
     pub algo: String,
     /// JSON batch file; `-` reads standard input.

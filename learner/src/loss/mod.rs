@@ -11,6 +11,7 @@ pub mod cispo;
 pub mod decoupled;
 pub mod gspo;
 pub mod ppo;
+pub mod rec;
 pub mod registry;
 pub mod reinforce;
 pub mod sapo;

@@ -12,6 +12,7 @@ use super::{
     decoupled::Decoupled,
     gspo::Gspo,
     ppo::PpoClip,
+    rec::{Rec, RecRange},
     reinforce::{AsymRe, Opmd},
     sapo::Sapo,
     tis::{IsCorrection, Tis, TisLevel},
@@ -30,6 +31,9 @@ pub const NAMES: &[&str] = &[
     "asymre",
     "decoupled",
     "tis",
+    "rec-onesided",
+    "rec-twosided",
+    "rec-ring",
 ];
 
 /// What a loss trains on unless the config says otherwise, and what it
@@ -125,6 +129,21 @@ pub const ENTRIES: &[Entry] = &[
             "verl rollout correction (spec §2.14) on GRPO",
         )
     },
+    entry(
+        "rec-onesided",
+        Estimator::DrGrpo,
+        "REC (Trinity-RFT rec_policy_loss.py, NoIS): no std normalisation",
+    ),
+    entry(
+        "rec-twosided",
+        Estimator::DrGrpo,
+        "REC (Trinity-RFT rec_policy_loss.py, NoIS): no std normalisation",
+    ),
+    entry(
+        "rec-ring",
+        Estimator::DrGrpo,
+        "REC (Trinity-RFT rec_policy_loss.py, NoIS): no std normalisation",
+    ),
 ];
 
 /// The registry entry of `name`, or an error naming `algo`.
@@ -303,6 +322,21 @@ pub fn build_with(
             tis.check()?;
             Box::new(tis)
         }
+        "rec-onesided" | "rec-twosided" | "rec-ring" => {
+            let range = match name {
+                "rec-onesided" => RecRange::OneSide,
+                "rec-twosided" => RecRange::TwoSide,
+                _ => RecRange::Ring,
+            };
+            let d = Rec::new(range);
+            let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
+            Box::new(Rec {
+                eps_low,
+                eps_high,
+                agg: agg(d.agg),
+                ..d
+            })
+        }
         other => return Err(entry_of(other).err().unwrap_or_else(|| unlisted(other))),
     };
     Ok(loss)
@@ -345,7 +379,9 @@ mod tests {
 
     #[test]
     fn token_mean_losses_are_invariant_to_token_order() {
-        for name in ["bapo", "ppo", "dapo", "cispo", "opmd", "asymre", "tis"] {
+        for name in [
+            "bapo", "ppo", "dapo", "cispo", "opmd", "asymre", "tis", "rec-ring",
+        ] {
             let loss = build(name, &LossOptions::default()).unwrap();
             let b = random_batch(9);
             let mut rev = b.clone();
@@ -391,6 +427,9 @@ mod tests {
             ("asymre", DrGrpo, TokenMean),
             ("decoupled", Grpo, TokenMean),
             ("tis", Grpo, TokenMean),
+            ("rec-onesided", DrGrpo, TokenMean),
+            ("rec-twosided", DrGrpo, TokenMean),
+            ("rec-ring", DrGrpo, TokenMean),
         ];
         assert_eq!(want.len(), NAMES.len());
         for (name, est, agg) in want {
