@@ -105,7 +105,7 @@ pub async fn run<F: Future<Output = ()>>(
     s.start(&trainer, &mut shutdown).await?;
     let cfg = trainer.config().clone();
     loop {
-        if cfg.steps > 0 && trainer.steps_done() >= cfg.steps {
+        if s.stopped || (cfg.steps > 0 && trainer.steps_done() >= cfg.steps) {
             break;
         }
         let wait = Instant::now();
@@ -170,6 +170,9 @@ struct Session<'o> {
     t_start: Instant,
     idle: f64,
     last_eval: Option<f64>,
+    /// `shutdown` resolved (a signal) while a report was pending: the run
+    /// finishes (final checkpoint) without polling it again.
+    stopped: bool,
 }
 
 impl<'o> Session<'o> {
@@ -207,6 +210,7 @@ impl<'o> Session<'o> {
             t_start: Instant::now(),
             idle: 0.0,
             last_eval: None,
+            stopped: false,
         })
     }
 
@@ -295,7 +299,10 @@ impl<'o> Session<'o> {
     }
 
     /// Reports `version`, the lineage and the draws trained until the
-    /// buffer acknowledges them, backing off while it is unreachable.
+    /// buffer acknowledges them, backing off while it is unreachable. A
+    /// stop (`shutdown`) meanwhile is no failure: the report is given up,
+    /// logged, and the run finishes; a learner restarted with the same
+    /// flags re-states its version from the checkpoint.
     async fn report<F: Future<Output = ()>>(
         &mut self,
         version: u64,
@@ -327,7 +334,15 @@ impl<'o> Session<'o> {
             );
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
-                _ = shutdown.as_mut() => anyhow::bail!("shut down before the buffer took version {version}"),
+                _ = shutdown.as_mut() => {
+                    tracing::warn!(
+                        version,
+                        "stopped before the buffer took version {version}; a learner \
+                         restarted with the same flags reports it again"
+                    );
+                    self.stopped = true;
+                    return Ok(());
+                }
             }
             backoff = (backoff * 2).min(BACKOFF_MAX);
         }

@@ -263,3 +263,34 @@ async fn a_superseded_learner_stops_by_name_before_publishing() {
         "a zombie must not serve its weights"
     );
 }
+
+/// A learner told to stop while the buffer is gone (its first report
+/// still pending) stops cleanly: `Ok`, with its final checkpoint written,
+/// not an error; a restart with the same flags reports the version again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_the_buffer_is_gone_is_not_a_failure() {
+    let gone = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let out = tempfile::tempdir().unwrap();
+    let trainer = Trainer::new(config("bapo"), tiny_policy(43), 0).unwrap();
+    let opts = RunOptions {
+        buffer: gone,
+        tls: None,
+        out: out.path().to_path_buf(),
+        provenance: Provenance::default(),
+        eval: None,
+        export_final: false,
+    };
+    let stop = tokio::time::sleep(Duration::from_millis(800));
+    let hub = WeightHub::with_incarnation(THIS);
+    let run = bapo_learner::run::run(trainer, hub, opts, stop);
+    let summary = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the stop ends the run")
+        .expect("a stop is not a failure");
+    assert_eq!(summary.steps, 0);
+    let latest = checkpoint::latest(&out.path().join("checkpoints")).unwrap();
+    assert!(latest.is_some(), "no final checkpoint");
+}
