@@ -2,7 +2,7 @@
 //! small type behind [`Sampler`], chosen by config, so a new mode is a new
 //! type rather than a branch in the hot path.
 
-use rand::{Rng, rngs::SmallRng, seq::index};
+use rand::{rngs::SmallRng, seq::index};
 
 use crate::config::{BufferConfig, SamplingMode};
 
@@ -44,8 +44,10 @@ impl Sampler for Recency {
         let weight = |i: usize| ((len - 1 - i) as f64 * ln_decay).exp().max(1e-300);
         match index::sample_weighted(rng, len, weight, n) {
             Ok(idx) => idx.into_vec(),
-            // Only reachable with degenerate weights; fall back to uniform.
-            Err(_) => (0..n).map(|_| rng.random_range(0..len)).collect(),
+            // Unreachable with the floored, finite-or-infinite positive
+            // weights above (rand accepts those); kept as uniform without
+            // replacement so that no path gives a batch one group twice.
+            Err(_) => Uniform.pick(len, n, rng),
         }
     }
 }
