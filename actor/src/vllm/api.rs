@@ -38,14 +38,6 @@ pub enum ApiError {
     Answer { route: String, why: String },
 }
 
-impl ApiError {
-    /// Whether the server could not be reached at all (down, restarting,
-    /// hung), as opposed to answering with an error.
-    pub fn is_unreachable(&self) -> bool {
-        matches!(self, Self::Unreachable { .. })
-    }
-}
-
 /// One group's request: `n` samples of one prompt.
 #[derive(Debug, Clone, Serialize)]
 pub struct SamplingParams {

@@ -186,7 +186,6 @@ impl Engine {
                 .generate(prompt, &request, self.request_timeout)
                 .await
                 .map_err(|e| match e {
-                    e if e.is_unreachable() => GenerateError::Down(e),
                     e @ api::ApiError::Status { status: 400, .. } => GenerateError::Refused(e),
                     e => GenerateError::Down(e),
                 })?;
