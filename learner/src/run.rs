@@ -269,6 +269,12 @@ impl<'o> Session<'o> {
             publish(&self.hub, trainer)?;
         }
         let mut extra = BTreeMap::new();
+        // What the buffer's books must match (bapo run reconciles on it):
+        // replay updates and several updates per batch draw nothing.
+        extra.insert(
+            "groups_drawn".to_string(),
+            self.provenance.groups_trained as f64,
+        );
         if let Some(eval) = &self.opts.eval
             && reached(cfg.eval_every, |r| r.step)
         {

@@ -190,7 +190,11 @@ fn summarise(
     seen: Followed,
     t: Timing,
 ) -> LocalRunSummary {
-    let learner_groups = cfg.learner.steps * cfg.learner.batch_groups as u64;
+    // The learner's own count; a learner that never wrote one (none of its
+    // steps logged) drew a batch per update at most.
+    let learner_groups = seen.groups_drawn.unwrap_or(
+        cfg.learner.steps / cfg.learner.updates_per_batch() * cfg.learner.batch_groups as u64,
+    );
     let buffer = seen.buffer.unwrap_or_default();
     LocalRunSummary {
         algo: cfg.learner.algo.clone(),

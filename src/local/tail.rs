@@ -74,6 +74,9 @@ pub struct Followed {
     pub idle_s: f64,
     /// The buffer's books, last read.
     pub buffer: Option<BTreeMap<String, u64>>,
+    /// Groups the learner has drawn from the buffer (trained or refused),
+    /// as its last step line says.
+    pub groups_drawn: Option<u64>,
     /// Stopped by SIGTERM or Ctrl-C before the learner finished.
     pub interrupted: bool,
 }
@@ -88,6 +91,9 @@ impl Followed {
         }
         if let Some(i) = v.get("idle_s").and_then(|x| x.as_f64()) {
             self.idle_s = i;
+        }
+        if let Some(g) = v.get("groups_drawn").and_then(|x| x.as_f64()) {
+            self.groups_drawn = Some(g as u64);
         }
     }
 }
