@@ -125,3 +125,35 @@ fn malformed_input_exits_non_zero_naming_the_field() {
     assert!(!ok);
     assert!(err.contains("missing.json"), "{err}");
 }
+
+/// The survey methods on their vectors: ReMix's V4 (additive window) and
+/// SPEAR's Clip-Cov on the hand vector of `clip_cov.rs`, where no token
+/// is a candidate under the default rule, so it is PPO-clip at 0.2/0.28
+/// (seq-mean-token-sum-norm over one-token sequences, `L_const` 1).
+#[test]
+fn remix_and_spear_on_their_vectors() {
+    let (ok, doc, err) = bapo_loss(&[
+        "--algo",
+        "remix",
+        "--input",
+        "tests/fixtures/loss/v4_remix.json",
+    ]);
+    assert!(ok, "{err}");
+    close(&doc["loss"], -0.67);
+    close(&doc["grad"][2], -0.27);
+    let (ok, doc, err) = bapo_loss(&[
+        "--algo",
+        "spear",
+        "--input",
+        "tests/fixtures/loss/clip_cov.json",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(doc["aggregation"], "seq-mean-token-sum-norm");
+    close(&doc["loss"], -1.28 - (-1.0f64).exp() + 1.0 + 0.8);
+    close(&doc["metrics"]["clip_cov_frac"], 0.0);
+    let (ok, _, err) = bapo_loss(&["--algo", "nope", "--input", "tests/fixtures/loss/t3.json"]);
+    assert!(
+        !ok && err.contains("spear") && err.contains("remix"),
+        "{err}"
+    );
+}

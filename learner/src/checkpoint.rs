@@ -30,6 +30,13 @@ const FORMAT: u32 = 1;
 const MODEL_FILE: &str = "model.bin";
 const OPTIM_FILE: &str = "optimizer.bpk";
 const CONFIG_FILE: &str = "config.json";
+/// SPEAR's and ReMix's memories and the batch count (CBOR).
+const ALGO_FILE: &str = "algo.cbor";
+
+/// The file of frozen policy `name` (the KL reference, ReMix's).
+fn frozen_file(name: &str) -> String {
+    format!("{name}.bin")
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -162,14 +169,25 @@ fn write_files(
     trainer: &Trainer,
 ) -> Result<BTreeMap<String, FileSum>, CheckpointError> {
     let mut files = BTreeMap::new();
-    let model = trainer.model().valid();
-    let (header, payload) = weights::encode(&model, trainer.version())
-        .map_err(|e| invalid(dest, format!("encoding weights: {e}")))?;
-    let mut bytes = header.to_bytes().to_vec();
-    bytes.extend_from_slice(&payload);
+    let models = std::iter::once((MODEL_FILE.to_string(), trainer.model().valid())).chain(
+        trainer
+            .frozen()
+            .into_iter()
+            .map(|(name, m)| (frozen_file(name), m)),
+    );
+    for (name, model) in models {
+        let (header, payload) = weights::encode(&model, trainer.version())
+            .map_err(|e| invalid(dest, format!("encoding {name}: {e}")))?;
+        let mut bytes = header.to_bytes().to_vec();
+        bytes.extend_from_slice(&payload);
+        files.insert(name.clone(), write_synced(&tmp.join(&name), &bytes)?);
+    }
+    let mut algo = Vec::new();
+    ciborium::into_writer(&trainer.algo_state(), &mut algo)
+        .map_err(|e| invalid(dest, format!("encoding {ALGO_FILE}: {e}")))?;
     files.insert(
-        MODEL_FILE.to_string(),
-        write_synced(&tmp.join(MODEL_FILE), &bytes)?,
+        ALGO_FILE.to_string(),
+        write_synced(&tmp.join(ALGO_FILE), &algo)?,
     );
     let optim = trainer
         .optimizer_state()
@@ -300,22 +318,30 @@ pub fn load_policy(
     let config_path = dir.join(CONFIG_FILE);
     let config = ModelConfig::from_hf_json(&config_path)
         .map_err(|e| invalid(dir, format!("{CONFIG_FILE}: {e}")))?;
-    let bytes = read_verified(dir, &state, MODEL_FILE)?;
+    let model = read_model(dir, &state, MODEL_FILE, &config, device)?;
+    Ok((Policy::with_model(config, model, device), state))
+}
+
+/// Weights file `name` of a checkpoint, verified and decoded.
+fn read_model(
+    dir: &Path,
+    state: &CheckpointState,
+    name: &str,
+    config: &ModelConfig,
+    device: &Device,
+) -> Result<Transformer, CheckpointError> {
+    let bytes = read_verified(dir, state, name)?;
     if bytes.len() < HEADER_LEN {
-        return Err(invalid(
-            dir,
-            format!("{MODEL_FILE} is shorter than its header"),
-        ));
+        return Err(invalid(dir, format!("{name} is shorter than its header")));
     }
     let header = WeightsHeader::from_bytes(&bytes[..HEADER_LEN])
-        .map_err(|e| invalid(dir, format!("{MODEL_FILE}: {e}")))?;
-    let model = weights::decode(
+        .map_err(|e| invalid(dir, format!("{name}: {e}")))?;
+    weights::decode(
         &header,
         bytes[HEADER_LEN..].to_vec(),
-        Transformer::init(&config, device),
+        Transformer::init(config, device),
     )
-    .map_err(|e| invalid(dir, format!("{MODEL_FILE}: {e}")))?;
-    Ok((Policy::with_model(config, model, device), state))
+    .map_err(|e| invalid(dir, format!("{name}: {e}")))
 }
 
 /// A trainer that continues exactly where the checkpoint left off; the
@@ -327,14 +353,48 @@ pub fn load(
 ) -> Result<(Trainer, CheckpointState), CheckpointError> {
     let (policy, state) = load_policy(dir, device)?;
     let optim = read_verified(dir, &state, OPTIM_FILE)?;
-    let trainer = Trainer::restore(cfg, policy, state.policy_version, state.step, optim).map_err(
-        |e| match e {
+    let config = policy.config.clone();
+    let mut trainer = Trainer::restore(cfg, policy, state.policy_version, state.step, optim)
+        .map_err(|e| match e {
             TrainError::OptimizerState(m) => invalid(dir, format!("{OPTIM_FILE}: {m}")),
             source => CheckpointError::Train {
                 path: dir.to_path_buf(),
                 source,
             },
-        },
-    )?;
+        })?;
+    restore_algo(dir, &state, &mut trainer, &config, device)?;
     Ok((trainer, state))
+}
+
+/// The batch count, SPEAR's and ReMix's memories and the frozen policies
+/// (KL reference, ReMix's). A checkpoint written before they were saved
+/// lacks them: the run goes on with the checkpoint's weights in their
+/// place, and says so.
+fn restore_algo(
+    dir: &Path,
+    state: &CheckpointState,
+    trainer: &mut Trainer,
+    config: &ModelConfig,
+    device: &Device,
+) -> Result<(), CheckpointError> {
+    if state.files.contains_key(ALGO_FILE) {
+        let bytes = read_verified(dir, state, ALGO_FILE)?;
+        let algo = ciborium::from_reader(bytes.as_slice())
+            .map_err(|e| invalid(dir, format!("{ALGO_FILE}: {e}")))?;
+        trainer.restore_algo_state(algo);
+    }
+    for name in trainer.frozen_names() {
+        let file = frozen_file(name);
+        if state.files.contains_key(&file) {
+            let model = read_model(dir, state, &file, config, device)?;
+            trainer.set_frozen(name, model);
+        } else if name != "remix-previous" {
+            tracing::warn!(
+                checkpoint = %dir.display(),
+                "{file} is missing (written before it was saved): {name} restarts from the \
+                 checkpoint's weights"
+            );
+        }
+    }
+    Ok(())
 }

@@ -9,10 +9,12 @@ use crate::{
     loss::{
         Aggregation, LossError, PolicyLoss,
         bapo::BapoMode,
-        registry::{self, LossOptions, TisOptions},
+        registry::{self, ClipCovOptions, LossOptions, TisOptions},
         tis::{IsCorrection, TisLevel},
     },
+    remix::RemixConfig,
     schedule::{Decay, LrSchedule},
+    spear::SpearConfig,
 };
 
 /// Which log-probs play `lp_old`, the anchor of the ratio.
@@ -53,7 +55,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(field: &str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(field: &str, message: impl Into<String>) -> Self {
         Self {
             field: format!("learner.{field}"),
             message: message.into(),
@@ -63,7 +65,7 @@ impl ConfigError {
     /// A loss option the registry refused. Its field is named by the loss
     /// (`learner.agg`, or an option such as `clip_eps`), so `learner.` is
     /// added only where it is missing.
-    fn from_loss(e: LossError) -> Self {
+    pub(crate) fn from_loss(e: LossError) -> Self {
         let field = match e.field.strip_prefix("learner.") {
             Some(_) => e.field,
             None => format!("learner.{}", e.field),
@@ -166,6 +168,11 @@ pub struct LearnerConfig {
     /// Longest response the evaluation generates.
     pub eval_max_new_tokens: usize,
     pub seed: u64,
+    /// `[learner.spear]`: SPEAR's memory and replay pass (algo "spear").
+    pub spear: SpearConfig,
+    /// `[learner.remix]`: ReMix's replay share, KL-Convex schedule and
+    /// reincarnation (algo "remix").
+    pub remix: RemixConfig,
 }
 
 impl Default for LearnerConfig {
@@ -212,6 +219,8 @@ impl Default for LearnerConfig {
             eval_problems: 200,
             eval_max_new_tokens: 16,
             seed: 0,
+            spear: SpearConfig::default(),
+            remix: RemixConfig::default(),
         }
     }
 }
@@ -234,23 +243,31 @@ impl LearnerConfig {
         }
     }
 
-    /// The configured loss, or an error naming the bad option.
-    pub fn build_loss(&self) -> Result<Box<dyn PolicyLoss>, LossError> {
+    /// The loss options of the config, or an error naming the bad one.
+    pub fn loss_options(&self) -> Result<LossOptions, LossError> {
         let agg = match &self.agg {
             None => None,
             Some(s) => Some(Aggregation::parse(s).ok_or_else(|| {
                 LossError::new("learner.agg", format!("unknown aggregation {s:?}"))
             })?),
         };
+        let clip_cov: Option<ClipCovOptions> =
+            (self.algo == "spear").then(|| self.spear.on_policy_clip_cov());
+        Ok(LossOptions {
+            bapo_mode: Some(self.bapo_mode),
+            clip_eps: self.clip_eps,
+            clip_eps_high: self.clip_eps_high,
+            dual_clip: self.dual_clip,
+            agg,
+            clip_cov,
+        })
+    }
+
+    /// The configured loss, or an error naming the bad option.
+    pub fn build_loss(&self) -> Result<Box<dyn PolicyLoss>, LossError> {
         registry::build_with(
             &self.algo,
-            &LossOptions {
-                bapo_mode: Some(self.bapo_mode),
-                clip_eps: self.clip_eps,
-                clip_eps_high: self.clip_eps_high,
-                dual_clip: self.dual_clip,
-                agg,
-            },
+            &self.loss_options()?,
             &TisOptions {
                 mode: self.tis_mode,
                 level: self.tis_level,
@@ -349,6 +366,35 @@ impl LearnerConfig {
             return bad("broadcast_every", "must be at least 1");
         }
         self.broadcast_encoding()?;
+        self.validate_algo_tables()
+    }
+
+    /// `[learner.spear]` and `[learner.remix]` are checked, and refused
+    /// when set for another algorithm (they would silently do nothing).
+    fn validate_algo_tables(&self) -> Result<(), ConfigError> {
+        self.spear.validate()?;
+        self.remix.validate()?;
+        let unused = |table: &str, set: bool| {
+            if set && self.algo != table {
+                Err(ConfigError::new(
+                    table,
+                    format!(
+                        "is set but learner.algo is {:?}; it only applies to {table:?}",
+                        self.algo
+                    ),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        unused("spear", self.spear != SpearConfig::default())?;
+        unused("remix", self.remix != RemixConfig::default())?;
+        if self.algo == "remix" && self.kl_coef > 0.0 {
+            return Err(ConfigError::new(
+                "kl_coef",
+                "remix has its own KL-Convex penalty: set learner.remix.kl_coef instead",
+            ));
+        }
         Ok(())
     }
 }
@@ -566,5 +612,59 @@ mod tests {
             ..cfg
         };
         assert_eq!(fixed.schedule().decay_steps, 100);
+    }
+
+    /// An algorithm's own table set for another algorithm would do
+    /// nothing; ReMix with the plain KL penalty would stack two.
+    #[test]
+    fn algorithm_tables_apply_to_their_algorithm_only() {
+        let spear_table = LearnerConfig {
+            spear: SpearConfig {
+                tolerate_steps: 2,
+                ..Default::default()
+            },
+            ..with("ppo", Proximal::Behavior, 1)
+        };
+        refused(spear_table.clone(), "learner.spear", &["\"ppo\""]);
+        LearnerConfig {
+            algo: "spear".into(),
+            ..spear_table
+        }
+        .validate()
+        .unwrap();
+        let remix = with("remix", Proximal::Recompute, 2);
+        remix.validate().unwrap();
+        refused(
+            LearnerConfig {
+                remix: RemixConfig {
+                    policies: 3,
+                    ..Default::default()
+                },
+                ..with("bapo", Proximal::Behavior, 1)
+            },
+            "learner.remix",
+            &["bapo"],
+        );
+        refused(
+            LearnerConfig {
+                kl_coef: 0.1,
+                ..remix.clone()
+            },
+            "learner.kl_coef",
+            &["remix.kl_coef"],
+        );
+        refused(
+            with("remix", Proximal::Behavior, 2),
+            "learner.proximal",
+            &["recompute"],
+        );
+        refused(
+            LearnerConfig {
+                clip_eps_high: Some(0.3),
+                ..remix
+            },
+            "learner.clip_eps_high",
+            &["symmetric"],
+        );
     }
 }

@@ -3,9 +3,10 @@
 //! (naming the rollout), because a learner must not crash on one bad group.
 
 use bapo_proto::{packed, v1};
+use serde::{Deserialize, Serialize};
 
 /// One response with its prompt, as trained on.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sequence {
     pub prompt: Vec<u32>,
     pub response: Vec<u32>,
@@ -17,7 +18,7 @@ pub struct Sequence {
 }
 
 /// The responses to one prompt.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainGroup {
     pub group_id: String,
     pub sequences: Vec<Sequence>,

@@ -28,9 +28,15 @@ use crate::{
     grads::clip_global_norm,
     loss::{Denominators, LossError, LossOutput, PolicyLoss, TokenBatch},
     rollouts::TrainGroup,
+    spear::SpearMemory,
     stats::{mismatch_metrics, ratio_metrics},
     vcpo::{LrRule, RHO_BASE, lr_scale},
 };
+
+mod replay;
+
+pub use replay::AlgoState;
+use replay::RemixRun;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -125,6 +131,7 @@ type Layout = (Vec<Row>, TokenBatch, BTreeMap<String, f64>);
 /// One trained sequence laid out for the model.
 struct Row {
     tokens: Vec<u32>,
+    reward: f32,
     /// Shifted position of the first response token.
     start: usize,
     len: usize,
@@ -144,6 +151,13 @@ pub struct Trainer {
     reference: Option<Transformer>,
     step: u64,
     version: u64,
+    /// Batches (training iterations) done: the clock of SPEAR's and
+    /// ReMix's schedules.
+    batches: u64,
+    /// SPEAR's self-imitation memory (algo "spear").
+    spear: Option<SpearMemory>,
+    /// ReMix's replay memory and frozen policies (algo "remix").
+    remix: Option<RemixRun>,
 }
 
 impl Trainer {
@@ -160,6 +174,8 @@ impl Trainer {
             &device,
         );
         let reference = (cfg.kl_coef > 0.0).then(|| policy.model.valid());
+        let spear = (cfg.algo == "spear").then(SpearMemory::default);
+        let remix = (cfg.algo == "remix").then(|| RemixRun::new(policy.model.valid()));
         let model = policy.model.to_device(&device).train();
         let optim = AdamWConfig::new()
             .with_beta_1(cfg.beta1 as f32)
@@ -177,6 +193,9 @@ impl Trainer {
             reference,
             step: 0,
             version,
+            batches: 0,
+            spear,
+            remix,
         })
     }
 
@@ -197,6 +216,9 @@ impl Trainer {
             .from_bytes(Bytes::from_bytes_vec(optimizer))
             .map_err(|e| TrainError::OptimizerState(format!("{e:?}")))?;
         t.step = step;
+        // Checkpoints written before batches were counted: every batch
+        // took the same number of updates then.
+        t.batches = step / t.cfg.updates_per_batch();
         Ok(t)
     }
 
@@ -249,12 +271,20 @@ impl Trainer {
     /// version by one. Advantages and the proximal log-probs are computed
     /// once, before the first update, so from the second update on the
     /// ratio `π_θ/π_old` moves and clipping has something to clip.
-    pub fn train_batch(&mut self, groups: &[TrainGroup]) -> Result<Vec<StepReport>, TrainError> {
-        let parts = split_groups(groups, self.cfg.mini_batches as usize);
+    ///
+    /// ReMix mixes replayed groups into `fresh`; SPEAR follows each
+    /// epoch's updates with its replay pass when its memory is full.
+    pub fn train_batch(&mut self, fresh: &[TrainGroup]) -> Result<Vec<StepReport>, TrainError> {
+        let t = self.batches;
+        let mut batch_metrics = BTreeMap::new();
+        let groups = self.mix_in_replay(t, fresh, &mut batch_metrics);
+        let start = self.remix.is_some().then(|| self.model.valid());
+        let parts = split_groups(&groups, self.cfg.mini_batches as usize);
         let prepared = parts
             .iter()
             .map(|g| self.prepare(g))
             .collect::<Result<Vec<_>, _>>()?;
+        let replay = self.spear_replay(t, &prepared, &mut batch_metrics)?;
         let mut reports = Vec::new();
         for epoch in 0..self.cfg.epochs {
             for (k, p) in prepared.iter().enumerate() {
@@ -264,7 +294,22 @@ impl Trainer {
                 r.metrics.insert("mini_batch".into(), k as f64);
                 reports.push(r);
             }
+            if let Some((parts, loss)) = &replay {
+                for (k, p) in parts.iter().enumerate() {
+                    let t0 = Instant::now();
+                    let mut r = self.apply(self.backward_with(p, loss.as_ref(), false)?, t0);
+                    r.metrics.insert("epoch".into(), epoch as f64);
+                    r.metrics.insert("spear_replay".into(), 1.0);
+                    r.metrics.insert("spear_replay_mini_batch".into(), k as f64);
+                    reports.push(r);
+                }
+            }
         }
+        self.end_batch(t, fresh, &prepared, start, &mut batch_metrics);
+        for r in &mut reports {
+            r.metrics.extend(batch_metrics.clone());
+        }
+        self.batches += 1;
         Ok(reports)
     }
 
@@ -356,6 +401,17 @@ impl Trainer {
     /// The loss of a prepared batch under the current weights and its
     /// parameter gradients (accumulated over micro-batches).
     pub fn backward(&self, prepared: &Prepared) -> Result<Backward, TrainError> {
+        self.backward_with(prepared, self.loss.as_ref(), true)
+    }
+
+    /// [`Trainer::backward`] with `loss`, and the KL penalties only when
+    /// `kl` (SPEAR's replay pass has none).
+    fn backward_with(
+        &self,
+        prepared: &Prepared,
+        loss: &dyn PolicyLoss,
+        kl: bool,
+    ) -> Result<Backward, TrainError> {
         let Prepared {
             rows,
             skel: batch_skel,
@@ -382,11 +438,13 @@ impl Trainer {
         let (mut loss_sum, mut metric_sums) = (0.0, BTreeMap::<String, f64>::new());
         if prepass {
             let lp = self.logprobs_no_grad(rows, n_tokens);
-            out = Some(self.compute_loss(batch_skel, lp, &denoms)?);
+            out = Some(compute_loss(loss, batch_skel, lp, &denoms)?);
         }
 
+        let kl_terms = if kl { self.kl_terms() } else { Vec::new() };
+        let mut kl_sums = vec![0.0f64; kl_terms.len()];
         let mut accum = GradientsAccumulator::<Transformer>::new();
-        let (mut entropy_sum, mut kl_sum) = (0.0f64, 0.0f64);
+        let mut entropy_sum = 0.0f64;
         let inv_tokens = 1.0 / n_tokens as f32;
         for mb in &micro {
             let rows = &rows[mb.clone()];
@@ -400,7 +458,7 @@ impl Trainer {
                 let last = rows.last().expect("micro-batches are not empty");
                 let range = rows[0].offset..last.offset + last.len;
                 let sub = slice(batch_skel, range.clone());
-                let (o, _) = self.compute_loss(&sub, lp_flat[range.clone()].to_vec(), &denoms)?;
+                let (o, _) = compute_loss(loss, &sub, lp_flat[range.clone()].to_vec(), &denoms)?;
                 grad_flat[range.clone()].copy_from_slice(&o.grad);
                 loss_sum += o.loss;
                 for (k, v) in o.metrics {
@@ -410,7 +468,7 @@ impl Trainer {
                 let host = to_host(lp.clone());
                 let mut flat = vec![0.0; n_tokens];
                 scatter_response(rows, &host, &mut flat);
-                out = Some(self.compute_loss(batch_skel, flat, &denoms)?);
+                out = Some(compute_loss(loss, batch_skel, flat, &denoms)?);
             }
             let grad: &[f64] = match &out {
                 Some((o, _)) => &o.grad,
@@ -426,28 +484,16 @@ impl Trainer {
             if self.cfg.entropy_coef > 0.0 {
                 objective = objective - weighted_entropy.mul_scalar(self.cfg.entropy_coef as f32);
             }
-            if let Some(reference) = &self.reference {
-                let rope = self.plain_rope();
-                let plain = self.device.clone().inner();
-                let tokens_ref = self.tokens(rows, &plain);
-                let logits = reference.forward(tokens_ref.clone(), &rope, None);
-                let ref_lp = to_host(next_token_logprobs(
-                    logits,
-                    tokens_ref,
-                    self.cfg.temperature,
-                ));
-                let ref_lp = Tensor::<2>::from_data(TensorData::new(ref_lp, [b, t]), &self.device);
-                // k3 = exp(lp_ref − lp) − (lp_ref − lp) − 1 ≥ 0.
-                let d = ref_lp.sub(lp);
-                let k3 = d.clone().exp().sub(d).sub_scalar(1.0).mul(mask).sum();
-                kl_sum += k3.clone().into_scalar::<f32>() as f64;
-                objective = objective + k3.mul_scalar(self.cfg.kl_coef as f32);
+            for (i, (reference, coef, _)) in kl_terms.iter().enumerate() {
+                let k3 = self.k3_to(reference, rows, lp.clone(), mask.clone());
+                kl_sums[i] += k3.clone().into_scalar::<f32>() as f64;
+                objective = objective + k3.mul_scalar(*coef as f32);
             }
             let grads = GradientsParams::from_grads(objective.backward(), &self.model);
             accum.accumulate(&self.model, grads);
         }
         if per_micro {
-            let batch = self.token_batch(batch_skel, lp_flat)?;
+            let batch = token_batch(batch_skel, lp_flat)?;
             let loss = LossOutput {
                 loss: loss_sum,
                 grad: grad_flat,
@@ -462,8 +508,8 @@ impl Trainer {
         metrics.extend(ratio_metrics(&batch));
         metrics.extend(mismatch_metrics(&batch));
         metrics.insert("entropy".into(), entropy_sum);
-        if self.reference.is_some() {
-            metrics.insert("kl_ref_k3".into(), kl_sum);
+        for ((_, _, name), v) in kl_terms.iter().zip(kl_sums) {
+            metrics.insert((*name).into(), v);
         }
         Ok(Backward {
             grads: accum.grads(),
@@ -537,6 +583,7 @@ impl Trainer {
                 let seq = rows.len() as u32;
                 rows.push(Row {
                     tokens: s.prompt.iter().chain(&s.response).copied().collect(),
+                    reward: s.reward,
                     start: s.prompt.len() - 1,
                     len: s.response.len(),
                     offset: skel.advantages.len(),
@@ -576,30 +623,41 @@ impl Trainer {
         Ok((rows, skel, m))
     }
 
-    /// The token batch with current log-probs `lp` filled in.
-    fn token_batch(&self, skel: &TokenBatch, lp: Vec<f64>) -> Result<TokenBatch, TrainError> {
-        let lp: Vec<f64> = lp.into_iter().map(|x| x.min(0.0)).collect();
-        Ok(TokenBatch::new(
-            skel.advantages.clone(),
-            lp,
-            skel.logp_old.clone(),
-            skel.logp_behav.clone(),
-            Some(skel.mask.clone()),
-            Some(skel.seq_ids.clone()),
-        )?)
+    /// The KL penalties of this batch: (frozen policy, coefficient,
+    /// metric name). `kl_coef` to the initial policy; ReMix's KL-Convex
+    /// pair to `π_base` and `π_{k−1}` weighted by `λ(t)`.
+    fn kl_terms(&self) -> Vec<(&Transformer, f64, &'static str)> {
+        let mut v = Vec::new();
+        if let Some(reference) = &self.reference {
+            v.push((reference, self.cfg.kl_coef, "kl_ref_k3"));
+        }
+        if let Some(remix) = &self.remix {
+            v.extend(remix.kl_terms(&self.cfg.remix, self.batches));
+        }
+        v
     }
 
-    /// The loss of `skel`'s tokens from their current log-probs `lp`,
-    /// divided by the step's `denoms`.
-    fn compute_loss(
+    /// `Σ k3 · mask` of the current log-probs `lp` against `reference`'s,
+    /// with `k3 = exp(lp_ref − lp) − (lp_ref − lp) − 1 ≥ 0`.
+    fn k3_to(
         &self,
-        skel: &TokenBatch,
-        lp: Vec<f64>,
-        denoms: &Denominators,
-    ) -> Result<(LossOutput, TokenBatch), TrainError> {
-        let batch = self.token_batch(skel, lp)?;
-        let out = self.loss.compute(&batch, denoms);
-        Ok((out, batch))
+        reference: &Transformer,
+        rows: &[Row],
+        lp: Tensor<2>,
+        mask: Tensor<2>,
+    ) -> Tensor<1> {
+        let [b, t] = lp.dims();
+        let plain = self.device.clone().inner();
+        let tokens_ref = self.tokens(rows, &plain);
+        let logits = reference.forward(tokens_ref.clone(), &self.plain_rope(), None);
+        let ref_lp = to_host(next_token_logprobs(
+            logits,
+            tokens_ref,
+            self.cfg.temperature,
+        ));
+        let ref_lp = Tensor::<2>::from_data(TensorData::new(ref_lp, [b, t]), &self.device);
+        let d = ref_lp.sub(lp);
+        d.clone().exp().sub(d).sub_scalar(1.0).mul(mask).sum()
     }
 
     fn tokens(&self, rows: &[Row], device: &Device) -> Tensor<2, Int> {
@@ -623,6 +681,32 @@ impl Trainer {
             &self.device.clone().inner(),
         )
     }
+}
+
+/// The loss of `skel`'s tokens from their current log-probs `lp`,
+/// divided by the step's `denoms`.
+fn compute_loss(
+    loss: &dyn PolicyLoss,
+    skel: &TokenBatch,
+    lp: Vec<f64>,
+    denoms: &Denominators,
+) -> Result<(LossOutput, TokenBatch), TrainError> {
+    let batch = token_batch(skel, lp)?;
+    let out = loss.compute(&batch, denoms);
+    Ok((out, batch))
+}
+
+/// The token batch with current log-probs `lp` filled in.
+fn token_batch(skel: &TokenBatch, lp: Vec<f64>) -> Result<TokenBatch, TrainError> {
+    let lp: Vec<f64> = lp.into_iter().map(|x| x.min(0.0)).collect();
+    Ok(TokenBatch::new(
+        skel.advantages.clone(),
+        lp,
+        skel.logp_old.clone(),
+        skel.logp_behav.clone(),
+        Some(skel.mask.clone()),
+        Some(skel.seq_ids.clone()),
+    )?)
 }
 
 /// Row ranges of `micro`-sequence micro-batches.

@@ -26,7 +26,7 @@ const MEAN_ONLY: f64 = 0.5;
 /// losses need a recomputed proximal policy and more than one update.
 fn runnable(algo: &str) -> LearnerConfig {
     let mut cfg = config(algo);
-    if matches!(algo, "decoupled" | "tis") {
+    if matches!(algo, "decoupled" | "tis" | "remix") {
         cfg.proximal = Proximal::Recompute;
         cfg.epochs = 2;
     }
@@ -78,6 +78,8 @@ trains_on! {
     decoupled_trains_on_grpo_advantages: "decoupled" => GRPO;
     tis_trains_on_grpo_advantages: "tis" => GRPO;
     rec_trains_on_advantages_without_std: "rec-ring" => MEAN_ONLY;
+    spear_trains_on_advantages_without_std: "spear" => MEAN_ONLY;
+    remix_trains_on_grpo_advantages: "remix" => GRPO;
 }
 
 #[test]

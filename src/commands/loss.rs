@@ -31,7 +31,8 @@ pub enum Mode {
 #[derive(Debug, Args)]
 pub struct LossArgs {
     /// Loss name: bapo, ppo, grpo, dr-grpo, dapo, gspo, sapo, cispo, opmd,
-    /// asymre, decoupled, tis, rec-onesided, rec-twosided, rec-ring.
+    /// asymre, decoupled, tis, rec-onesided, rec-twosided, rec-ring, spear,
+    /// remix.
     #[arg(long)]
     pub algo: String,
     /// JSON batch file; `-` reads standard input.
@@ -204,6 +205,7 @@ pub fn evaluate(args: &LossArgs, text: &str) -> anyhow::Result<Value> {
         clip_eps_high: args.clip_eps_high,
         dual_clip: args.dual_clip,
         agg,
+        clip_cov: None,
     };
     let loss = registry::build(&args.algo, &options)?;
     let batch = parse_batch(text)?;

@@ -8,12 +8,14 @@
 pub mod agg;
 pub mod bapo;
 pub mod cispo;
+pub mod clip_cov;
 pub mod decoupled;
 pub mod gspo;
 pub mod ppo;
 pub mod rec;
 pub mod registry;
 pub mod reinforce;
+pub mod remix;
 pub mod sapo;
 pub mod tis;
 

@@ -9,11 +9,13 @@ use super::{
     Aggregation, LossError, PolicyLoss,
     bapo::{Bapo, BapoConfig, BapoMode},
     cispo::Cispo,
+    clip_cov::ClipCov,
     decoupled::Decoupled,
     gspo::Gspo,
     ppo::PpoClip,
     rec::{Rec, RecRange},
     reinforce::{AsymRe, Opmd},
+    remix::MixPpg,
     sapo::Sapo,
     tis::{IsCorrection, Tis, TisLevel},
 };
@@ -34,6 +36,8 @@ pub const NAMES: &[&str] = &[
     "rec-onesided",
     "rec-twosided",
     "rec-ring",
+    "spear",
+    "remix",
 ];
 
 /// What a loss trains on unless the config says otherwise, and what it
@@ -144,6 +148,19 @@ pub const ENTRIES: &[Entry] = &[
         Estimator::DrGrpo,
         "REC (Trinity-RFT rec_policy_loss.py, NoIS): no std normalisation",
     ),
+    entry(
+        "spear",
+        Estimator::DrGrpo,
+        "SPEAR official code (spec §2b.1): Clip-Cov, Dr.BoT norm_adv_by_std=False",
+    ),
+    Entry {
+        needs_behaviour: true,
+        ..entry(
+            "remix",
+            Estimator::Grpo,
+            "ReMix-GRPO (spec §2.13, survey notes §4; secondary sources)",
+        )
+    },
 ];
 
 /// The registry entry of `name`, or an error naming `algo`.
@@ -167,6 +184,36 @@ pub struct LossOptions {
     /// turns off a loss's default one (BAPO code mode's 3.0).
     pub dual_clip: Option<f64>,
     pub agg: Option<Aggregation>,
+    /// Clip-Cov's candidate share and covariance interval (`spear`).
+    pub clip_cov: Option<ClipCovOptions>,
+}
+
+/// Clip-Cov's detaching rule: `ratio` of the tokens, drawn among those
+/// with covariance in `(lb, ub)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClipCovOptions {
+    pub ratio: f64,
+    pub lb: f64,
+    pub ub: f64,
+}
+
+impl ClipCovOptions {
+    /// Refuses a rule that cannot detach anything meaningful, by name.
+    pub fn check(&self, prefix: &str) -> Result<(), LossError> {
+        if !(self.ratio.is_finite() && self.ratio > 0.0 && self.ratio <= 1.0) {
+            return Err(LossError::new(
+                format!("{prefix}clip_cov_ratio"),
+                format!("{} must be in (0, 1]", self.ratio),
+            ));
+        }
+        if self.lb.partial_cmp(&self.ub) != Some(std::cmp::Ordering::Less) {
+            return Err(LossError::new(
+                format!("{prefix}clip_cov_lb"),
+                format!("{} must be below clip_cov_ub {}", self.lb, self.ub),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// TIS's options (a separate struct so `LossOptions` literals elsewhere
@@ -337,6 +384,38 @@ pub fn build_with(
                 ..d
             })
         }
+        "spear" => {
+            let d = ClipCov::spear();
+            let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
+            let cc = o.clip_cov.unwrap_or(ClipCovOptions {
+                ratio: d.ratio,
+                lb: d.lb,
+                ub: d.ub,
+            });
+            cc.check("spear.")?;
+            Box::new(ClipCov {
+                eps_low,
+                eps_high,
+                ratio: cc.ratio,
+                lb: cc.lb,
+                ub: cc.ub,
+                agg: agg(d.agg),
+                ..d
+            })
+        }
+        "remix" => {
+            if o.clip_eps_high.is_some() {
+                return Err(LossError::new(
+                    "clip_eps_high",
+                    "ReMix's window w ± ε is symmetric: set clip_eps only",
+                ));
+            }
+            let d = MixPpg::default();
+            Box::new(MixPpg {
+                eps: o.clip_eps.unwrap_or(d.eps),
+                agg: agg(d.agg),
+            })
+        }
         other => return Err(entry_of(other).err().unwrap_or_else(|| unlisted(other))),
     };
     Ok(loss)
@@ -430,6 +509,8 @@ mod tests {
             ("rec-onesided", DrGrpo, TokenMean),
             ("rec-twosided", DrGrpo, TokenMean),
             ("rec-ring", DrGrpo, TokenMean),
+            ("spear", DrGrpo, SeqMeanTokenSumNorm),
+            ("remix", Grpo, TokenMean),
         ];
         assert_eq!(want.len(), NAMES.len());
         for (name, est, agg) in want {
@@ -441,6 +522,7 @@ mod tests {
         assert!(!e.uses_ratio && !e.needs_behaviour);
         assert!(entry_of("tis").unwrap().needs_behaviour);
         assert!(entry_of("decoupled").unwrap().needs_behaviour);
+        assert!(entry_of("remix").unwrap().needs_behaviour);
     }
 
     /// BAPO code mode applies the official dual clip at 3 unless told

@@ -1,0 +1,435 @@
+//! SPEAR's self-imitation memory (spec §2b.1, from the official code):
+//! trajectories that beat their group are kept, aged out after a few
+//! steps, and once enough of them beat the running median of group means
+//! they are replayed in an extra pass with recalibrated advantages, then
+//! forgotten.
+//!
+//! The memory lives in the learner, not the buffer service: what it keeps
+//! (the proximal log-probs of the step that trained a trajectory, its
+//! advantage) exists only there. It is saved with every checkpoint, so a
+//! resumed learner replays what one that never stopped would have.
+
+use std::collections::VecDeque;
+
+use rand::{SeedableRng, rngs::SmallRng, seq::index};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    config::ConfigError,
+    loss::registry::{ClipCovOptions, LossOptions},
+};
+
+/// `[learner.spear]`: defaults are the SPEAR scripts' where they set a
+/// value, the yaml's otherwise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpearConfig {
+    /// Replay set cap; the memory replays once it counts more than 1.5×
+    /// this many trajectories.
+    pub trajectory_buffer_size: usize,
+    /// Trajectories more than this many batches older than the newest are
+    /// dropped (scripts 5; the code caps it at 10).
+    pub tolerate_steps: u64,
+    /// Group entries of the baseline history (per-group reward mean, std).
+    pub baseline_buffer_size: usize,
+    /// `None`: recalibrate replay advantages against the history's median
+    /// (the scripts); `Some(w)` in (0, 1]: the stored advantage times `w`.
+    pub advantage_scale: Option<f64>,
+    /// Divide recalibrated advantages by the history's median group std.
+    pub norm_adv_by_std: bool,
+    /// `c_replay` of the replay loss's cosine warm-up.
+    pub replay_loss_coef: f64,
+    /// Batches over which the replay coefficient rises to `c_replay`.
+    pub max_replay_loss_steps: u64,
+    /// Clip-Cov of the on-policy pass (code defaults).
+    pub clip_cov_ratio: f64,
+    pub clip_cov_lb: f64,
+    pub clip_cov_ub: f64,
+    /// Clip-Cov of the replay pass (scripts).
+    pub replay_clip_cov_ratio: f64,
+    pub replay_clip_cov_lb: f64,
+    pub replay_clip_cov_ub: f64,
+}
+
+impl Default for SpearConfig {
+    fn default() -> Self {
+        Self {
+            trajectory_buffer_size: 2048,
+            tolerate_steps: 5,
+            baseline_buffer_size: 10240,
+            advantage_scale: None,
+            norm_adv_by_std: false,
+            replay_loss_coef: 1.0,
+            max_replay_loss_steps: 200,
+            clip_cov_ratio: 2e-4,
+            clip_cov_lb: 1.0,
+            clip_cov_ub: 5.0,
+            replay_clip_cov_ratio: 0.02,
+            replay_clip_cov_lb: 2.0,
+            replay_clip_cov_ub: 60.0,
+        }
+    }
+}
+
+impl SpearConfig {
+    pub fn on_policy_clip_cov(&self) -> ClipCovOptions {
+        ClipCovOptions {
+            ratio: self.clip_cov_ratio,
+            lb: self.clip_cov_lb,
+            ub: self.clip_cov_ub,
+        }
+    }
+
+    pub fn replay_clip_cov(&self) -> ClipCovOptions {
+        ClipCovOptions {
+            ratio: self.replay_clip_cov_ratio,
+            lb: self.replay_clip_cov_lb,
+            ub: self.replay_clip_cov_ub,
+        }
+    }
+
+    /// The replay pass's loss options over the on-policy ones.
+    pub fn replay_options(&self, on_policy: &LossOptions) -> LossOptions {
+        LossOptions {
+            clip_cov: Some(self.replay_clip_cov()),
+            ..on_policy.clone()
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |f: &str, m: String| Err(ConfigError::new(&format!("spear.{f}"), m));
+        if self.trajectory_buffer_size == 0 {
+            return bad("trajectory_buffer_size", "must be at least 1".into());
+        }
+        if self.baseline_buffer_size == 0 {
+            return bad("baseline_buffer_size", "must be at least 1".into());
+        }
+        if let Some(w) = self.advantage_scale
+            && !(w > 0.0 && w <= 1.0)
+        {
+            return bad("advantage_scale", format!("{w} must be in (0, 1]"));
+        }
+        if !(self.replay_loss_coef.is_finite() && self.replay_loss_coef >= 0.0) {
+            return bad(
+                "replay_loss_coef",
+                format!("{} must be a number >= 0", self.replay_loss_coef),
+            );
+        }
+        for (prefix, cc) in [
+            ("spear.", self.on_policy_clip_cov()),
+            ("spear.replay_", self.replay_clip_cov()),
+        ] {
+            cc.check(prefix).map_err(ConfigError::from_loss)?;
+        }
+        Ok(())
+    }
+
+    /// `c(t) = c_replay·(1 − cos(π t/T))/2` for `t ≤ T`, `c_replay` after.
+    pub fn replay_coef(&self, batch: u64) -> f64 {
+        let t_max = self.max_replay_loss_steps;
+        if batch >= t_max {
+            return self.replay_loss_coef;
+        }
+        let x = std::f64::consts::PI * batch as f64 / t_max as f64;
+        self.replay_loss_coef * (1.0 - x.cos()) / 2.0
+    }
+}
+
+/// One remembered trajectory, as its step trained it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stored {
+    /// The batch (training iteration) that admitted it.
+    pub batch: u64,
+    pub reward: f32,
+    pub advantage: f64,
+    pub prompt: Vec<u32>,
+    pub response: Vec<u32>,
+    /// `lp_old` of its step: the replay ratio's anchor.
+    pub logp_old: Vec<f32>,
+}
+
+/// A trajectory to replay, with the advantage it is replayed with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replay {
+    pub advantage: f64,
+    pub stored: Stored,
+}
+
+/// Reward statistics of one group at one batch.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GroupStat {
+    pub mean: f64,
+    /// Population std (`np.std`).
+    pub std: f64,
+}
+
+impl GroupStat {
+    pub fn of(rewards: &[f64]) -> Self {
+        let n = rewards.len().max(1) as f64;
+        let mean = rewards.iter().sum::<f64>() / n;
+        let var = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n;
+        Self {
+            mean,
+            std: var.sqrt(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpearMemory {
+    entries: Vec<Stored>,
+    baseline: VecDeque<GroupStat>,
+}
+
+/// `np.percentile(v, 50)`: the middle value, or the mean of the two.
+pub fn median(v: impl Iterator<Item = f64>) -> Option<f64> {
+    let mut v: Vec<f64> = v.collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+impl SpearMemory {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Median of the history's group means and of its group stds.
+    pub fn baseline(&self) -> Option<(f64, f64)> {
+        let b = median(self.baseline.iter().map(|g| g.mean))?;
+        let s = median(self.baseline.iter().map(|g| g.std))?;
+        Some((b, s))
+    }
+
+    /// Records batch `batch`'s group statistics, ages the memory and keeps
+    /// the trajectories that beat their group (advantage > 0).
+    pub fn admit(
+        &mut self,
+        cfg: &SpearConfig,
+        batch: u64,
+        groups: &[GroupStat],
+        trajectories: impl IntoIterator<Item = Stored>,
+    ) {
+        for g in groups {
+            if self.baseline.len() == cfg.baseline_buffer_size {
+                self.baseline.pop_front();
+            }
+            self.baseline.push_back(*g);
+        }
+        let oldest = batch.saturating_sub(cfg.tolerate_steps);
+        self.entries.retain(|e| e.batch >= oldest);
+        self.entries
+            .extend(trajectories.into_iter().filter(|t| t.advantage > 0.0));
+    }
+
+    /// What the trigger counts: in recalibration mode the trajectories
+    /// whose reward beats the history's median group mean, else all.
+    pub fn counted(&self, cfg: &SpearConfig) -> usize {
+        match (cfg.advantage_scale, self.baseline()) {
+            (None, Some((b, _))) => self.entries.iter().filter(|e| e.reward as f64 > b).count(),
+            (None, None) => 0,
+            (Some(_), _) => self.entries.len(),
+        }
+    }
+
+    /// Every stored trajectory with its replay advantage (recalibrated
+    /// against the history, or scaled), those below 0 dropped.
+    pub fn recalibrated(&self, cfg: &SpearConfig) -> Vec<Replay> {
+        let (b, s) = self.baseline().unwrap_or((0.0, 1.0));
+        self.entries
+            .iter()
+            .map(|e| {
+                let advantage = match cfg.advantage_scale {
+                    Some(w) => e.advantage * w,
+                    None if cfg.norm_adv_by_std => (e.reward as f64 - b) / (s + 1e-6),
+                    None => e.reward as f64 - b,
+                };
+                Replay {
+                    advantage,
+                    stored: e.clone(),
+                }
+            })
+            .filter(|r| r.advantage >= 0.0)
+            .collect()
+    }
+
+    /// The replay set when the memory is full enough (then empties it): the
+    /// recalibrated trajectories, a random subset of the largest power of
+    /// two that fits, at most `trajectory_buffer_size`.
+    pub fn take(&mut self, cfg: &SpearConfig, seed: u64) -> Option<Vec<Replay>> {
+        if (self.counted(cfg) as f64) <= 1.5 * cfg.trajectory_buffer_size as f64 {
+            return None;
+        }
+        let mut keep: Vec<Option<Replay>> = self.recalibrated(cfg).into_iter().map(Some).collect();
+        self.entries.clear();
+        let n = largest_power_of_two(keep.len()).min(cfg.trajectory_buffer_size);
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut idx = index::sample(&mut rng, keep.len(), n).into_vec();
+        idx.sort_unstable();
+        let out: Vec<Replay> = idx.into_iter().filter_map(|i| keep[i].take()).collect();
+        (!out.is_empty()).then_some(out)
+    }
+}
+
+fn largest_power_of_two(n: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        1 << (usize::BITS - 1 - n.leading_zeros())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(batch: u64, reward: f32, advantage: f64) -> Stored {
+        Stored {
+            batch,
+            reward,
+            advantage,
+            prompt: vec![1],
+            response: vec![2],
+            logp_old: vec![-0.5],
+        }
+    }
+
+    fn stats(means: &[f64], stds: &[f64]) -> Vec<GroupStat> {
+        means
+            .iter()
+            .zip(stds)
+            .map(|(&mean, &std)| GroupStat { mean, std })
+            .collect()
+    }
+
+    /// Spec vector S1 (= survey V5): history means [0.2, 0.5, 0.8, 0.4,
+    /// 0.6] → b = 0.5, stds → s = 0.25; rewards [1, 0.7, 0.3, 0.55] give
+    /// A = [0.5, 0.2, −0.2, 0.05] (kept: all but the third), with the std
+    /// [1.999992, 0.799997, −, 0.199999].
+    #[test]
+    fn s1_recalibration() {
+        let h = stats(&[0.2, 0.5, 0.8, 0.4, 0.6], &[0.1, 0.3, 0.2, 0.4, 0.25]);
+        for (norm, want) in [
+            (false, [0.5, 0.2, 0.05]),
+            (true, [1.999992, 0.799997, 0.199999]),
+        ] {
+            let cfg = SpearConfig {
+                trajectory_buffer_size: 2,
+                norm_adv_by_std: norm,
+                ..Default::default()
+            };
+            let mut m = SpearMemory::default();
+            m.admit(
+                &cfg,
+                0,
+                &h,
+                [1.0, 0.7, 0.3, 0.55].map(|r| stored(0, r, 1.0)),
+            );
+            assert_eq!(m.baseline(), Some((0.5, 0.25)));
+            let got: Vec<f64> = m.recalibrated(&cfg).iter().map(|r| r.advantage).collect();
+            assert_eq!(got.len(), 3);
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-6, "norm {norm}: {got:?}");
+            }
+            // Three rewards beat b = 0.5: not more than 1.5 × 2.
+            assert_eq!(m.counted(&cfg), 3);
+            assert!(m.take(&cfg, 1).is_none());
+            // With a cap of 1 they are: a subset of 1, and the memory empties.
+            let one = SpearConfig {
+                trajectory_buffer_size: 1,
+                ..cfg
+            };
+            assert_eq!(m.take(&one, 1).unwrap().len(), 1);
+            assert!(m.is_empty());
+        }
+    }
+
+    #[test]
+    fn s1_replay_coefficient() {
+        let cfg = SpearConfig {
+            replay_loss_coef: 1.0,
+            max_replay_loss_steps: 100,
+            ..Default::default()
+        };
+        let got: Vec<f64> = [0, 25, 50, 100, 150]
+            .iter()
+            .map(|&t| cfg.replay_coef(t))
+            .collect();
+        for (g, w) in got.iter().zip([0.0, 0.146447, 0.5, 1.0, 1.0]) {
+            assert!((g - w).abs() < 1e-6, "{got:?}");
+        }
+    }
+
+    #[test]
+    fn admission_keeps_winners_and_ages_out_old_batches() {
+        let cfg = SpearConfig {
+            tolerate_steps: 2,
+            ..Default::default()
+        };
+        let mut m = SpearMemory::default();
+        let g = stats(&[0.5], &[0.5]);
+        m.admit(&cfg, 0, &g, [stored(0, 1.0, 0.5), stored(0, 0.0, -0.5)]);
+        assert_eq!(m.len(), 1, "a loser is not admitted");
+        m.admit(&cfg, 2, &g, [stored(2, 1.0, 0.5)]);
+        assert_eq!(m.len(), 2, "batch 0 is 2 old: kept");
+        m.admit(&cfg, 3, &g, [stored(3, 1.0, 0.0)]);
+        assert_eq!(m.len(), 1, "batch 0 is 3 old: gone; A = 0 not admitted");
+    }
+
+    #[test]
+    fn the_subset_is_a_power_of_two_and_the_baseline_history_is_bounded() {
+        let cfg = SpearConfig {
+            trajectory_buffer_size: 8,
+            baseline_buffer_size: 4,
+            ..Default::default()
+        };
+        let mut m = SpearMemory::default();
+        let g = stats(&[0.0; 6], &[0.1; 6]);
+        m.admit(&cfg, 0, &g, (0..13).map(|_| stored(0, 1.0, 1.0)));
+        assert_eq!(m.baseline.len(), 4);
+        assert_eq!(m.counted(&cfg), 13);
+        assert_eq!(m.take(&cfg, 0).unwrap().len(), 8);
+        let mut m = SpearMemory::default();
+        m.admit(&cfg, 0, &g, (0..13).map(|_| stored(0, 1.0, 1.0)));
+        let small = SpearConfig {
+            trajectory_buffer_size: 100,
+            ..cfg.clone()
+        };
+        assert!(m.clone().take(&small, 0).is_none());
+        assert_eq!(largest_power_of_two(13), 8);
+        assert_eq!(largest_power_of_two(16), 16);
+        assert_eq!(largest_power_of_two(1), 1);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_by_name() {
+        let e = SpearConfig {
+            advantage_scale: Some(1.5),
+            ..Default::default()
+        };
+        assert_eq!(
+            e.validate().unwrap_err().field,
+            "learner.spear.advantage_scale"
+        );
+        let e = SpearConfig {
+            replay_clip_cov_lb: 70.0,
+            ..Default::default()
+        };
+        assert_eq!(
+            e.validate().unwrap_err().field,
+            "learner.spear.replay_clip_cov_lb"
+        );
+        SpearConfig::default().validate().unwrap();
+    }
+}
