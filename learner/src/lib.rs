@@ -17,6 +17,7 @@ pub mod intake;
 pub mod lineage;
 pub mod loss;
 pub mod metrics;
+pub mod record;
 pub mod remix;
 pub mod rollouts;
 pub mod run;

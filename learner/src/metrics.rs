@@ -1,11 +1,9 @@
 //! Names of the learner's Prometheus metrics, in one place for
 //! docs/metrics.md, the dashboard and the alert rules.
 
-use std::collections::BTreeMap;
-
 use metrics::{counter, gauge, histogram};
 
-use crate::StepReport;
+use crate::{StepReport, record::Metric};
 
 pub const STEPS: &str = "bapo_learner_steps_total";
 pub const POLICY_VERSION: &str = "bapo_learner_policy_version";
@@ -106,12 +104,12 @@ pub fn record_step(r: &StepReport, staleness: &[u64]) {
     histogram!(STEP_SECONDS).record(r.seconds);
     gauge!(TOKENS_PER_SECOND).set(r.tokens as f64 / r.seconds.max(1e-9));
     let pairs: [(&str, &str); 9] = [
-        (ENTROPY, "entropy"),
-        (CLIP_LOW, "c_low"),
-        (CLIP_HIGH, "c_high"),
-        (POS_FRACTION, "pos_fraction"),
-        (GRAD_NORM, "grad_norm"),
-        (REWARD_MEAN, "reward_mean"),
+        (ENTROPY, Metric::Entropy.key()),
+        (CLIP_LOW, Metric::CLow.key()),
+        (CLIP_HIGH, Metric::CHigh.key()),
+        (POS_FRACTION, Metric::PosFraction.key()),
+        (GRAD_NORM, Metric::GradNorm.key()),
+        (REWARD_MEAN, Metric::RewardMean.key()),
         (MISMATCH_KL, "mismatch_kl_k3"),
         (MISMATCH_ESS, "mismatch_ess"),
         (MISMATCH_OUTSIDE, "mismatch_outside_frac"),
@@ -122,8 +120,8 @@ pub fn record_step(r: &StepReport, staleness: &[u64]) {
         }
     }
     for (side, key) in [
-        ("low", "clip_frac_low"),
-        ("high", "clip_frac_high"),
+        ("low", Metric::ClipFracLow.key()),
+        ("high", Metric::ClipFracHigh.key()),
         ("dual", "dual_clip_frac"),
     ] {
         if let Some(v) = get(key) {
@@ -135,41 +133,12 @@ pub fn record_step(r: &StepReport, staleness: &[u64]) {
     }
 }
 
-/// The JSONL record of a step: the report flattened, plus run context.
-pub fn step_record(
-    r: &StepReport,
-    elapsed_s: f64,
-    idle_s: f64,
-    extra: &BTreeMap<String, f64>,
-) -> serde_json::Value {
-    let mut o = serde_json::Map::new();
-    o.insert("step".into(), r.step.into());
-    o.insert("version".into(), r.version.into());
-    o.insert("time_s".into(), elapsed_s.into());
-    o.insert("idle_s".into(), idle_s.into());
-    o.insert("loss".into(), finite(r.loss));
-    o.insert("lr".into(), finite(r.lr));
-    o.insert("sequences".into(), r.sequences.into());
-    o.insert("tokens".into(), r.tokens.into());
-    o.insert("step_s".into(), finite(r.seconds));
-    o.insert(
-        "tokens_per_s".into(),
-        finite(r.tokens as f64 / r.seconds.max(1e-9)),
-    );
-    for (k, v) in r.metrics.iter().chain(extra) {
-        o.insert(k.clone(), finite(*v));
-    }
-    serde_json::Value::Object(o)
-}
-
-/// JSON has no NaN or infinity; they become null.
-fn finite(x: f64) -> serde_json::Value {
-    serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
-}
-
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::{
+        collections::BTreeMap,
+        sync::{Arc, Mutex},
+    };
 
     use metrics::{
         Counter, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
@@ -229,8 +198,8 @@ mod tests {
         assert_eq!(got[MISMATCH_KL], 0.25);
         assert_eq!(got[MISMATCH_ESS], 0.75);
         assert_eq!(got[MISMATCH_OUTSIDE], 0.125);
-        let line = step_record(&report, 1.0, 0.0, &BTreeMap::new());
-        assert_eq!(line["mismatch_kl_k3"], 0.25);
-        assert_eq!(line["mismatch_outside_frac"], 0.125);
+        let line = crate::record::StepRecord::of_step(&report, 1.0, 0.0, &BTreeMap::new());
+        assert_eq!(line.values["mismatch_kl_k3"], Some(0.25));
+        assert_eq!(line.values["mismatch_outside_frac"], Some(0.125));
     }
 }

@@ -33,6 +33,7 @@ use crate::{
     broadcast::WeightHub,
     checkpoint::{self, Provenance},
     intake, metrics as names,
+    record::{Metric, StepRecord},
     rollouts::TrainGroup,
     trainer::TrainError,
 };
@@ -225,7 +226,10 @@ impl<'o> Session<'o> {
         publish(&self.hub, trainer)?;
         if let (Some(eval), 0) = (&self.opts.eval, trainer.steps_done()) {
             let r = evaluate(eval, trainer).await?;
-            write_line(&mut self.log, eval_record(0, trainer.version(), 0.0, &r))?;
+            write_line(
+                &mut self.log,
+                &StepRecord::of_eval(0, trainer.version(), 0.0, &r),
+            )?;
             self.last_eval = r.first().map(|x| x.1);
         }
         Ok(())
@@ -272,7 +276,7 @@ impl<'o> Session<'o> {
         // What the buffer's books must match (bapo run reconciles on it):
         // replay updates and several updates per batch draw nothing.
         extra.insert(
-            "groups_drawn".to_string(),
+            Metric::GroupsDrawn.into(),
             self.provenance.groups_trained as f64,
         );
         if let Some(eval) = &self.opts.eval
@@ -294,7 +298,7 @@ impl<'o> Session<'o> {
             };
             write_line(
                 &mut self.log,
-                names::step_record(r, elapsed, self.idle, extra),
+                &StepRecord::of_step(r, elapsed, self.idle, extra),
             )?;
             log_step(r);
         }
@@ -422,14 +426,6 @@ async fn evaluate(eval: &EvalFn, t: &Trainer) -> anyhow::Result<Vec<(String, f64
         .context("evaluation panicked")
 }
 
-fn eval_record(step: u64, version: u64, time_s: f64, r: &[(String, f64)]) -> serde_json::Value {
-    let mut o = serde_json::json!({"step": step, "version": version, "time_s": time_s});
-    for (k, v) in r {
-        o[k] = serde_json::json!(v);
-    }
-    o
-}
-
 fn log_step(report: &StepReport) {
     tracing::info!(
         step = report.step,
@@ -450,8 +446,9 @@ fn save(t: &Trainer, dir: &Path, provenance: &Provenance, keep: usize) -> anyhow
     Ok(())
 }
 
-fn write_line(log: &mut impl Write, v: serde_json::Value) -> anyhow::Result<()> {
-    writeln!(log, "{v}")?;
+fn write_line(log: &mut impl Write, record: &StepRecord) -> anyhow::Result<()> {
+    serde_json::to_writer(&mut *log, record)?;
+    writeln!(log)?;
     log.flush()?;
     Ok(())
 }

@@ -27,6 +27,7 @@ use crate::{
     config::{ConfigError, LearnerConfig, Proximal, SearchScope},
     grads::clip_global_norm,
     loss::{Denominators, LossError, LossOutput, PolicyLoss, TokenBatch},
+    record::Metric,
     rollouts::TrainGroup,
     spear::SpearMemory,
     stats::{mismatch_metrics, ratio_metrics},
@@ -338,7 +339,7 @@ impl Trainer {
         self.model = self.optim.step(lr, self.model.clone(), grads);
         self.step += 1;
         self.version += 1;
-        metrics.insert("grad_norm".into(), norm_before);
+        metrics.insert(Metric::GradNorm.into(), norm_before);
         metrics.insert("grad_norm_clipped".into(), norm_after);
         StepReport {
             step: self.step,
@@ -507,7 +508,7 @@ impl Trainer {
         metrics.extend(loss_out.metrics.clone());
         metrics.extend(ratio_metrics(&batch));
         metrics.extend(mismatch_metrics(&batch));
-        metrics.insert("entropy".into(), entropy_sum);
+        metrics.insert(Metric::Entropy.into(), entropy_sum);
         for ((_, _, name), v) in kl_terms.iter().zip(kl_sums) {
             metrics.insert((*name).into(), v);
         }
@@ -603,12 +604,12 @@ impl Trainer {
         skel.logp_old = behav;
         let mut m = BTreeMap::new();
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-        m.insert("reward_mean".into(), mean(&all_rewards));
+        m.insert(Metric::RewardMean.into(), mean(&all_rewards));
         m.insert("response_len_mean".into(), mean(&lens));
         let stale: Vec<f64> = stale.into_iter().map(|s| s as f64).collect();
-        m.insert("staleness_mean".into(), mean(&stale));
+        m.insert(Metric::StalenessMean.into(), mean(&stale));
         m.insert(
-            "staleness_max".into(),
+            Metric::StalenessMax.into(),
             stale.iter().copied().fold(0.0, f64::max),
         );
         m.insert(

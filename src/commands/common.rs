@@ -1,6 +1,7 @@
 //! What several commands share: the device, stop tokens, the evaluation
 //! hook and the loading of a model from a directory of any kind.
 
+use bapo_learner::record::Metric;
 use std::{path::Path, sync::Arc};
 
 use anyhow::Context;
@@ -119,7 +120,7 @@ pub fn eval_hook(
             None,
         );
         vec![
-            ("eval_accuracy".to_string(), r.greedy_accuracy),
+            (Metric::EvalAccuracy.into(), r.greedy_accuracy),
             ("eval_reward".to_string(), r.mean_reward),
         ]
     })

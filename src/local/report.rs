@@ -1,9 +1,12 @@
 //! The run report: SVG charts of the learner's metrics log (plotters) and
-//! one self-contained `report.html` with them and the summary table.
+//! one self-contained `report.html` a person reads: a headline sentence,
+//! the key numbers rounded and with units, the buffer's books, what the run
+//! did and did not show, and the charts in a grid.
 
-use std::{collections::BTreeMap, fmt::Write as _, path::Path};
+use std::{fmt::Write as _, path::Path};
 
 use anyhow::Context;
+use bapo_learner::record::{Metric, StepRecord};
 use plotters::prelude::*;
 
 use super::summary::LocalRunSummary;
@@ -11,27 +14,9 @@ use super::summary::LocalRunSummary;
 /// A named series of `(step, value)`.
 pub type Series = (String, Vec<(f64, f64)>);
 
-/// Reads `metrics.jsonl` into one series per numeric key.
-pub fn read_metrics(path: &Path) -> anyhow::Result<BTreeMap<String, Vec<(f64, f64)>>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut out: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for line in text.lines() {
-        let Ok(serde_json::Value::Object(o)) = serde_json::from_str(line) else {
-            continue;
-        };
-        let Some(step) = o.get("step").and_then(|s| s.as_f64()) else {
-            continue;
-        };
-        for (k, v) in &o {
-            if let Some(x) = v.as_f64()
-                && x.is_finite()
-            {
-                out.entry(k.clone()).or_default().push((step, x));
-            }
-        }
-    }
-    Ok(out)
+/// Reads `metrics.jsonl` into its records.
+pub fn read_metrics(path: &Path) -> anyhow::Result<Vec<StepRecord>> {
+    StepRecord::read_all(path).with_context(|| format!("reading {}", path.display()))
 }
 
 const COLORS: [RGBColor; 6] = [
@@ -68,9 +53,12 @@ pub fn line_chart(title: &str, x_label: &str, series: &[Series]) -> anyhow::Resu
             .y_label_area_size(50)
             .build_cartesian_2d(x0..x1.max(x0 + 1.0), (y0 - pad)..(y1 + pad))
             .map_err(|e| anyhow::anyhow!("{e}"))?;
+        // Steps are whole numbers: no `1000.0` on the axis.
+        let x_format = |x: &f64| format!("{x:.0}");
         chart
             .configure_mesh()
             .x_desc(x_label)
+            .x_label_formatter(&x_format)
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -92,29 +80,34 @@ pub fn line_chart(title: &str, x_label: &str, series: &[Series]) -> anyhow::Resu
         }
         root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    Ok(svg)
+    // A viewBox lets the page scale the chart to its grid cell.
+    Ok(svg.replacen("<svg ", "<svg viewBox=\"0 0 640 320\" ", 1))
 }
 
-/// The charts of one run: `(file stem, title, keys)`.
-const CHARTS: &[(&str, &str, &[&str])] = &[
-    ("reward", "Batch reward (mean)", &["reward_mean"]),
-    ("accuracy", "Held-out greedy accuracy", &["eval_accuracy"]),
-    ("entropy", "Token entropy", &["entropy"]),
-    ("clip_bounds", "Clip bounds", &["c_low", "c_high"]),
+/// The charts of one run: `(file stem, title, metrics)`.
+const CHARTS: &[(&str, &str, &[Metric])] = &[
+    ("reward", "Batch reward (mean)", &[Metric::RewardMean]),
+    (
+        "accuracy",
+        "Validation greedy accuracy",
+        &[Metric::EvalAccuracy],
+    ),
+    ("entropy", "Token entropy (nats)", &[Metric::Entropy]),
+    ("clip_bounds", "Clip bounds", &[Metric::CLow, Metric::CHigh]),
     (
         "positive_share",
         "Positive-advantage share of the loss",
-        &["pos_fraction"],
+        &[Metric::PosFraction],
     ),
     (
         "staleness",
         "Batch staleness (versions)",
-        &["staleness_mean", "staleness_max"],
+        &[Metric::StalenessMean, Metric::StalenessMax],
     ),
     (
         "clip_fractions",
         "Clipped token fractions",
-        &["clip_frac_low", "clip_frac_high"],
+        &[Metric::ClipFracLow, Metric::ClipFracHigh],
     ),
 ];
 
@@ -139,44 +132,266 @@ fn html_escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// Writes `charts/*.svg` and `report.html` into the run directory.
-pub fn write(out: &Path, summary: &LocalRunSummary) -> anyhow::Result<()> {
-    let metrics = read_metrics(&out.join("metrics.jsonl"))?;
-    let charts_dir = out.join("charts");
-    std::fs::create_dir_all(&charts_dir)?;
+/// `0.3123` as `31.2%`.
+fn pct(x: f64) -> String {
+    format!("{:.1}%", 100.0 * x)
+}
+
+/// Seconds as `m:ss`, or `h:mm:ss` from an hour.
+fn clock(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
+    if h > 0 {
+        format!("{h}:{m:02}:{s:02}")
+    } else {
+        format!("{m}:{s:02}")
+    }
+}
+
+/// Half-width of the 95% interval of the difference of two accuracies,
+/// each measured on `n` problems (as independent proportions, which is
+/// conservative for the same problems evaluated twice).
+fn noise_95(before: f64, after: f64, n: usize) -> f64 {
+    let n = n.max(1) as f64;
+    1.96 * ((before * (1.0 - before) + after * (1.0 - after)) / n).sqrt()
+}
+
+/// The one sentence a reader takes away.
+pub fn headline(s: &LocalRunSummary) -> String {
+    let gain = s.final_accuracy - s.warm_start_accuracy;
+    let books = if s.reconciled {
+        "the buffer's books reconciled"
+    } else {
+        "the buffer's books did NOT reconcile"
+    };
+    format!(
+        "Held-out accuracy {} \u{2192} {} ({:+.1} points, \u{b1}{:.1} at 95%) after {} RL steps \
+         of {} in {} ({} in all); {books}.",
+        pct(s.warm_start_accuracy),
+        pct(s.final_accuracy),
+        100.0 * gain,
+        100.0 * noise_95(s.warm_start_accuracy, s.final_accuracy, s.eval_problems),
+        s.steps,
+        s.algo,
+        clock(s.rl_seconds),
+        clock(s.total_seconds),
+    )
+}
+
+/// The key numbers, as (label, value) rows.
+fn key_numbers(s: &LocalRunSummary) -> Vec<(String, String)> {
+    let warm = match s.sft_steps {
+        Some(n) => format!("{n} supervised steps in {}", clock(s.sft_seconds)),
+        None => "none (started from given weights)".to_string(),
+    };
+    let pass = match (s.warm_start_pass_at_k, s.final_pass_at_k) {
+        (Some(a), Some(b)) => format!("{} \u{2192} {}", pct(a), pct(b)),
+        _ => "not measured".to_string(),
+    };
+    let rows = [
+        ("Algorithm", s.algo.clone()),
+        ("Max staleness", format!("{} versions", s.max_staleness)),
+        ("Actors", s.actors.to_string()),
+        ("RL steps", s.steps.to_string()),
+        ("Warm start", warm),
+        (
+            "Held-out greedy accuracy",
+            format!(
+                "{} \u{2192} {}",
+                pct(s.warm_start_accuracy),
+                pct(s.final_accuracy)
+            ),
+        ),
+        ("Held-out pass@k", format!("{pass} (k = {})", s.pass_k)),
+        (
+            "Evaluated on",
+            format!("{} test-split problems", s.eval_problems),
+        ),
+        (
+            "Wall-clock",
+            format!(
+                "{} in all: warm start {}, RL {}",
+                clock(s.total_seconds),
+                clock(s.sft_seconds),
+                clock(s.rl_seconds)
+            ),
+        ),
+        ("Learner idle", pct(s.learner_idle_fraction)),
+        (
+            "Final entropy",
+            s.final_entropy
+                .map_or("not measured".into(), |e| format!("{e:.3} nats")),
+        ),
+        (
+            "Books",
+            if s.reconciled {
+                "reconciled"
+            } else {
+                "NOT reconciled"
+            }
+            .to_string(),
+        ),
+    ];
+    rows.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// What the run did and did not show, read off its summary and log.
+pub fn observations(s: &LocalRunSummary, records: &[StepRecord]) -> Vec<String> {
+    let mut out = Vec::new();
+    let gain = s.final_accuracy - s.warm_start_accuracy;
+    let noise = noise_95(s.warm_start_accuracy, s.final_accuracy, s.eval_problems);
+    out.push(if gain.abs() <= noise {
+        format!(
+            "The accuracy change ({:+.1} points) is within its 95% noise band (\u{b1}{:.1}): \
+             this run does not show that RL changed accuracy.",
+            100.0 * gain,
+            100.0 * noise
+        )
+    } else {
+        format!(
+            "The accuracy change ({:+.1} points) is outside its 95% noise band (\u{b1}{:.1}).",
+            100.0 * gain,
+            100.0 * noise
+        )
+    });
+    out.extend(bounds_observation(s, records));
+    let mean = |m: Metric| {
+        let v = StepRecord::series(records, m);
+        (!v.is_empty()).then(|| v.iter().map(|p| p.1).sum::<f64>() / v.len() as f64)
+    };
+    if let (Some(lo), Some(hi)) = (mean(Metric::ClipFracLow), mean(Metric::ClipFracHigh)) {
+        out.push(format!(
+            "On average {} of the tokens were clipped ({} at the low bound, {} at the high).",
+            pct(lo + hi),
+            pct(lo),
+            pct(hi)
+        ));
+    }
+    if let Some(st) = mean(Metric::StalenessMean) {
+        let max = StepRecord::series(records, Metric::StalenessMax)
+            .iter()
+            .fold(0.0f64, |m, p| m.max(p.1));
+        out.push(format!(
+            "Trained data was {st:.1} policy versions old on average, {max:.0} at most \
+             (bound {}).",
+            s.max_staleness
+        ));
+    }
+    let entropy = StepRecord::series(records, Metric::Entropy);
+    if entropy.len() >= 20 {
+        let ends = |v: &[(f64, f64)]| v.iter().map(|p| p.1).sum::<f64>() / v.len() as f64;
+        let k = entropy.len() / 10;
+        out.push(format!(
+            "Token entropy went from {:.3} to {:.3} nats (mean of the first and last tenth of \
+             the steps).",
+            ends(&entropy[..k]),
+            ends(&entropy[entropy.len() - k..])
+        ));
+    }
+    out.push(format!(
+        "The learner waited for data {} of the time.",
+        pct(s.learner_idle_fraction)
+    ));
+    out
+}
+
+/// Whether the clip bounds moved: for BAPO, whether its search ever did
+/// anything.
+fn bounds_observation(s: &LocalRunSummary, records: &[StepRecord]) -> Option<String> {
+    let bounds: Vec<(f64, f64)> = records
+        .iter()
+        .filter_map(|r| Some((r.get(Metric::CLow)?, r.get(Metric::CHigh)?)))
+        .collect();
+    let &(lo0, hi0) = bounds.first()?;
+    let moved = bounds
+        .iter()
+        .filter(|&&(lo, hi)| (lo - lo0).abs() > 1e-9 || (hi - hi0).abs() > 1e-9)
+        .count();
+    let max_hi = bounds.iter().fold(hi0, |m, b| m.max(b.1));
+    let max_lo = bounds.iter().fold(lo0, |m, b| m.max(b.0));
+    Some(match (s.algo.as_str(), moved) {
+        ("bapo", 0) => format!(
+            "BAPO's bounds never moved from [{lo0:.2}, {hi0:.2}]: the positive share met its \
+             target at the first candidate on every step, so this run trained as PPO with \
+             those bounds."
+        ),
+        ("bapo", n) => format!(
+            "BAPO's bounds moved on {n} of {} steps (c_high up to {max_hi:.2}, c_low up to \
+             {max_lo:.2}).",
+            bounds.len()
+        ),
+        (_, 0) => format!("Fixed clip bounds [{lo0:.2}, {hi0:.2}]."),
+        (_, n) => format!("The clip bounds changed on {n} of {} steps.", bounds.len()),
+    })
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:1320px;margin:2em auto;\
+    padding:0 1em;color:#222}\
+    p.headline{font-size:1.3em;line-height:1.4}\
+    .tables{display:flex;flex-wrap:wrap;gap:2em;align-items:flex-start}\
+    table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 10px;text-align:left}\
+    td.n{text-align:right;font-variant-numeric:tabular-nums}\
+    .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:12px}\
+    .charts svg{width:100%;height:auto}";
+
+/// The page, without the charts.
+pub fn html_head(s: &LocalRunSummary, records: &[StepRecord]) -> anyhow::Result<String> {
     let mut html = String::new();
     write!(
         html,
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>bapo run report</title>\
-         <style>body{{font-family:sans-serif;max-width:1320px;margin:2em auto}}\
-         table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 10px;text-align:left}}\
-         .charts{{display:flex;flex-wrap:wrap;gap:8px}}</style></head><body>\
-         <h1>bapo run: {} on max staleness {}</h1><h2>Summary</h2><table>",
-        html_escape(&summary.algo),
-        summary.max_staleness
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>bapo run: {algo}</title>\
+         <style>{STYLE}</style></head><body><h1>bapo run: {algo}, max staleness {st}</h1>\
+         <p class=\"headline\">{headline}</p><div class=\"tables\"><div><h2>Key numbers</h2>\
+         <table>",
+        algo = html_escape(&s.algo),
+        st = s.max_staleness,
+        headline = html_escape(&headline(s)),
     )?;
-    let json = serde_json::to_value(summary)?;
-    if let serde_json::Value::Object(o) = json {
-        for (k, v) in o {
-            writeln!(
-                html,
-                "<tr><th>{}</th><td>{}</td></tr>",
-                html_escape(&k),
-                html_escape(&v.to_string())
-            )?;
-        }
+    for (k, v) in key_numbers(s) {
+        writeln!(
+            html,
+            "<tr><th>{}</th><td>{}</td></tr>",
+            html_escape(&k),
+            html_escape(&v)
+        )?;
     }
-    html.push_str("</table><h2>Training</h2><div class=\"charts\">");
-    for (stem, title, keys) in CHARTS {
+    html.push_str("</table></div><div><h2>The buffer's books</h2><table>");
+    for (k, v) in &s.buffer {
+        writeln!(
+            html,
+            "<tr><th>{}</th><td class=\"n\">{v}</td></tr>",
+            html_escape(&k.replace('_', " "))
+        )?;
+    }
+    html.push_str("</table></div></div><h2>What this run shows</h2><ul>");
+    for o in observations(s, records) {
+        writeln!(html, "<li>{}</li>", html_escape(&o))?;
+    }
+    html.push_str("</ul>");
+    Ok(html)
+}
+
+/// Writes `charts/*.svg` and `report.html` into the run directory.
+pub fn write(out: &Path, summary: &LocalRunSummary) -> anyhow::Result<()> {
+    let records = read_metrics(&out.join("metrics.jsonl"))?;
+    let charts_dir = out.join("charts");
+    std::fs::create_dir_all(&charts_dir)?;
+    let mut html = html_head(summary, &records)?;
+    html.push_str("<h2>Training</h2><div class=\"charts\">");
+    for (stem, title, metrics) in CHARTS {
         // Evaluations are sparse and exact; per-step statistics are smoothed.
-        let series: Vec<Series> = keys
+        let series: Vec<Series> = metrics
             .iter()
-            .filter_map(|k| {
-                let s = metrics.get(*k)?;
-                Some(if *k != "eval_accuracy" && s.len() > 100 {
-                    (format!("{k} (mean of 25)"), smooth(s, 25))
+            .filter_map(|&m| {
+                let s = StepRecord::series(&records, m);
+                if s.is_empty() {
+                    return None;
+                }
+                let k = m.key();
+                Some(if m != Metric::EvalAccuracy && s.len() > 100 {
+                    (format!("{k} (mean of 25)"), smooth(&s, 25))
                 } else {
-                    (k.to_string(), s.clone())
+                    (k.to_string(), s)
                 })
             })
             .collect();
@@ -185,7 +400,7 @@ pub fn write(out: &Path, summary: &LocalRunSummary) -> anyhow::Result<()> {
         }
         let svg = line_chart(title, "step", &series)?;
         std::fs::write(charts_dir.join(format!("{stem}.svg")), &svg)?;
-        html.push_str(&svg);
+        write!(html, "<div>{svg}</div>")?;
     }
     html.push_str("</div></body></html>\n");
     std::fs::write(out.join("report.html"), html)?;
@@ -194,6 +409,8 @@ pub fn write(out: &Path, summary: &LocalRunSummary) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[test]
@@ -206,16 +423,15 @@ mod tests {
         )
         .unwrap();
         let m = read_metrics(&path).unwrap();
-        assert_eq!(m["reward_mean"], vec![(1.0, 0.5), (2.0, 0.75)]);
-        assert!(!m.contains_key("loss"), "null is no point");
-        let svg = line_chart(
-            "Batch reward",
-            "step",
-            &[("reward".into(), m["reward_mean"].clone())],
-        )
-        .unwrap();
+        let reward = StepRecord::series(&m, Metric::RewardMean);
+        assert_eq!(reward, vec![(1.0, 0.5), (2.0, 0.75)]);
         assert!(
-            svg.starts_with("<svg") && svg.contains("Batch reward"),
+            StepRecord::series(&m, Metric::Loss).is_empty(),
+            "null is no point"
+        );
+        let svg = line_chart("Batch reward", "step", &[("reward".into(), reward)]).unwrap();
+        assert!(
+            svg.starts_with("<svg viewBox") && svg.contains("Batch reward"),
             "{}",
             &svg[..200]
         );
@@ -223,5 +439,101 @@ mod tests {
             smooth(&[(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)], 2),
             vec![(0.0, 1.0), (1.0, 2.0), (2.0, 4.0)]
         );
+    }
+
+    fn summary() -> LocalRunSummary {
+        LocalRunSummary {
+            algo: "bapo".into(),
+            max_staleness: 4,
+            actors: 2,
+            steps: 1000,
+            warm_start_accuracy: 0.3484208583831787,
+            warm_start_pass_at_k: Some(0.71),
+            final_accuracy: 0.462,
+            final_pass_at_k: Some(0.8),
+            pass_k: 8,
+            eval_problems: 500,
+            sft_steps: Some(650),
+            sft_seconds: 125.4,
+            rl_seconds: 931.951598039,
+            total_seconds: 1070.2,
+            learner_idle_fraction: 0.12451327,
+            final_entropy: Some(0.3450369834899902),
+            buffer: BTreeMap::from([
+                ("groups_consumed".into(), 8000),
+                ("rollouts_rejected".into(), 0),
+            ]),
+            reconciled: true,
+        }
+    }
+
+    fn records(bounds: &[(f64, f64)]) -> Vec<StepRecord> {
+        bounds
+            .iter()
+            .enumerate()
+            .map(|(i, &(lo, hi))| {
+                let mut r = StepRecord {
+                    step: i as u64 + 1,
+                    ..Default::default()
+                };
+                r.set(Metric::CLow, lo);
+                r.set(Metric::CHigh, hi);
+                r.set(Metric::ClipFracLow, 0.01);
+                r.set(Metric::ClipFracHigh, 0.02);
+                r
+            })
+            .collect()
+    }
+
+    /// The headline's numbers are the summary's, rounded, with units; no
+    /// raw floats or JSON quoting reach the page.
+    #[test]
+    fn the_page_leads_with_the_summary_rounded() {
+        let s = summary();
+        let h = headline(&s);
+        assert_eq!(
+            h,
+            "Held-out accuracy 34.8% \u{2192} 46.2% (+11.4 points, \u{b1}6.0 at 95%) after 1000 \
+             RL steps of bapo in 15:32 (17:50 in all); the buffer's books reconciled."
+        );
+        let html = html_head(&s, &records(&[(0.6, 1.2); 30])).unwrap();
+        assert!(html.contains(&html_escape(&h)));
+        for raw in [
+            "0.3484208583831787",
+            "931.951598039",
+            "\"bapo\"",
+            "{\"groups",
+        ] {
+            assert!(!html.contains(raw), "{raw} on the page");
+        }
+        assert!(html.contains("<th>groups consumed</th><td class=\"n\">8000</td>"));
+        assert!(html.contains("0.345 nats") && html.contains("12.5%"));
+        assert!(html.contains("never moved from [0.60, 1.20]"), "{html}");
+        assert!(html.contains("3.0% of the tokens were clipped"));
+    }
+
+    #[test]
+    fn moving_bounds_and_noise_are_said_as_they_are() {
+        let mut s = summary();
+        s.final_accuracy = 0.36;
+        s.reconciled = false;
+        assert!(headline(&s).contains("did NOT reconcile"));
+        let mut b = vec![(0.6, 1.2); 8];
+        b[3] = (0.6, 1.5);
+        b[5] = (0.64, 1.2);
+        let o = observations(&s, &records(&b)).join(" ");
+        assert!(o.contains("within its 95% noise band"), "{o}");
+        assert!(
+            o.contains("moved on 2 of 8 steps (c_high up to 1.50, c_low up to 0.64)"),
+            "{o}"
+        );
+        s.algo = "ppo".into();
+        assert!(
+            observations(&s, &records(&[(0.8, 1.2); 3]))
+                .join(" ")
+                .contains("Fixed clip bounds [0.80, 1.20]")
+        );
+        assert_eq!(clock(59.6), "1:00");
+        assert_eq!(clock(3725.0), "1:02:05");
     }
 }

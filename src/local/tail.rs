@@ -9,6 +9,7 @@ use std::{
     time::Duration,
 };
 
+use bapo_learner::record::{Metric, StepRecord};
 use bapo_proto::v1::{Stats, StatsRequest, batch_source_client::BatchSourceClient};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -22,7 +23,7 @@ struct LogTail {
 }
 
 impl LogTail {
-    fn read(&mut self) -> Vec<serde_json::Value> {
+    fn read(&mut self) -> Vec<StepRecord> {
         let Ok(mut f) = std::fs::File::open(&self.path) else {
             return Vec::new();
         };
@@ -47,21 +48,21 @@ impl LogTail {
     }
 }
 
-fn progress_message(v: &serde_json::Value, last_eval: Option<f64>) -> String {
-    let f = |k: &str| v.get(k).and_then(|x| x.as_f64());
+fn progress_message(v: &StepRecord, last_eval: Option<f64>) -> String {
+    let f = |m: Metric| v.get(m);
     let mut s = String::new();
     let mut put = |label: &str, val: Option<f64>, prec: usize| {
         if let Some(x) = val {
             s.push_str(&format!("{label} {x:.prec$}  "));
         }
     };
-    put("reward", f("reward_mean"), 3);
+    put("reward", f(Metric::RewardMean), 3);
     put("eval", last_eval, 3);
-    put("entropy", f("entropy"), 3);
-    put("c_low", f("c_low"), 2);
-    put("c_high", f("c_high"), 2);
-    put("stale", f("staleness_mean"), 1);
-    put("tok/s", f("tokens_per_s"), 0);
+    put("entropy", f(Metric::Entropy), 3);
+    put("c_low", f(Metric::CLow), 2);
+    put("c_high", f(Metric::CHigh), 2);
+    put("stale", f(Metric::StalenessMean), 1);
+    put("tok/s", f(Metric::TokensPerS), 0);
     s
 }
 
@@ -82,17 +83,17 @@ pub struct Followed {
 }
 
 impl Followed {
-    fn observe(&mut self, v: &serde_json::Value) {
-        if let Some(a) = v.get("eval_accuracy").and_then(|x| x.as_f64()) {
+    fn observe(&mut self, v: &StepRecord) {
+        if let Some(a) = v.get(Metric::EvalAccuracy) {
             self.last_eval = Some(a);
         }
-        if let Some(e) = v.get("entropy").and_then(|x| x.as_f64()) {
+        if let Some(e) = v.get(Metric::Entropy) {
             self.last_entropy = Some(e);
         }
-        if let Some(i) = v.get("idle_s").and_then(|x| x.as_f64()) {
+        if let Some(i) = v.get(Metric::IdleS) {
             self.idle_s = i;
         }
-        if let Some(g) = v.get("groups_drawn").and_then(|x| x.as_f64()) {
+        if let Some(g) = v.get(Metric::GroupsDrawn) {
             self.groups_drawn = Some(g as u64);
         }
     }
@@ -130,7 +131,8 @@ pub async fn follow(
         }
         for v in tail.read() {
             seen.observe(&v);
-            if let Some(s) = v.get("step").and_then(|x| x.as_u64()) {
+            {
+                let s = v.step;
                 bar.set_position(s);
                 let msg = progress_message(&v, seen.last_eval);
                 if quiet && s % 25 == 0 {

@@ -23,6 +23,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::record::Metric;
+
 use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, ppo::clipped_loss};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -257,10 +259,13 @@ impl Bapo {
             self.cfg.dual_clip,
         );
         let m: &mut BTreeMap<String, f64> = &mut out.metrics;
-        m.insert("pos_fraction".into(), b.pos_fraction());
+        m.insert(Metric::PosFraction.into(), b.pos_fraction());
         m.insert("pos_neg_ratio".into(), b.pos_neg_ratio());
-        m.insert("search_steps".into(), b.steps as f64);
-        m.insert("target_met".into(), if b.target_met { 1.0 } else { 0.0 });
+        m.insert(Metric::SearchSteps.into(), b.steps as f64);
+        m.insert(
+            Metric::TargetMet.into(),
+            if b.target_met { 1.0 } else { 0.0 },
+        );
         out
     }
 }

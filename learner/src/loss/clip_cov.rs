@@ -12,6 +12,7 @@
 //! itself, so a batch always detaches the same tokens: a resumed run
 //! equals one that never stopped.
 
+use crate::record::Metric;
 use rand::{SeedableRng, rngs::SmallRng, seq::index};
 
 use super::{
@@ -122,8 +123,8 @@ impl PolicyLoss for ClipCov {
         let mut out = LossOutput::aggregate(&terms, self.agg, batch, d);
         clips.insert_into(batch.masked_count(), &mut out.metrics);
         out.per_token_metric("clip_cov_frac", detached.len() as f64, batch);
-        out.metrics.insert("c_low".into(), c_low);
-        out.metrics.insert("c_high".into(), c_high);
+        out.metrics.insert(Metric::CLow.into(), c_low);
+        out.metrics.insert(Metric::CHigh.into(), c_high);
         out
     }
 }

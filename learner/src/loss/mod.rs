@@ -23,6 +23,8 @@ use std::collections::{BTreeMap, HashMap};
 
 pub use agg::{Aggregation, Denominators};
 
+use crate::record::Metric;
+
 /// Input that cannot be used, naming the field.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{field}: {message}")]
@@ -262,8 +264,8 @@ impl ClipCounts {
                 0.0
             }
         };
-        m.insert("clip_frac_low".into(), frac(self.low));
-        m.insert("clip_frac_high".into(), frac(self.high));
+        m.insert(Metric::ClipFracLow.into(), frac(self.low));
+        m.insert(Metric::ClipFracHigh.into(), frac(self.high));
         m.insert("pg_clipfrac".into(), frac(self.low + self.high));
         m.insert("dual_clip_frac".into(), frac(self.dual));
     }

@@ -3,6 +3,8 @@
 //! only in bounds and aggregation (their advantages differ, see
 //! `crate::advantage`).
 
+use crate::record::Metric;
+
 use super::{Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm};
 
 /// `ℓ = −min(r A, clip(r, c_low, c_high) A)`, then for `A < 0` the dual clip
@@ -70,8 +72,8 @@ pub fn clipped_loss(
     });
     let mut out = LossOutput::aggregate(&terms, agg, batch, d);
     clips.insert_into(batch.masked_count(), &mut out.metrics);
-    out.metrics.insert("c_low".into(), c_low);
-    out.metrics.insert("c_high".into(), c_high);
+    out.metrics.insert(Metric::CLow.into(), c_low);
+    out.metrics.insert(Metric::CHigh.into(), c_high);
     out
 }
 

@@ -12,6 +12,7 @@ use std::{collections::VecDeque, sync::Arc};
 
 use bapo_learner::{
     LearnerConfig, StepReport, Trainer,
+    record::Metric,
     rollouts::{Sequence, TrainGroup},
 };
 use bapo_policy::{
@@ -212,19 +213,19 @@ impl Setup {
 }
 
 fn step_row(t: u64, r: &StepReport) -> StepRow {
-    let m = |k: &str| r.metrics.get(k).copied();
+    let m = |k: Metric| r.metrics.get(k.key()).copied();
     StepRow {
         step: t,
-        reward: m("reward_mean").unwrap_or(f64::NAN),
-        staleness: m("staleness_mean").unwrap_or(f64::NAN),
-        batch_entropy: m("entropy").unwrap_or(f64::NAN),
-        clip_frac_low: m("clip_frac_low").unwrap_or(0.0),
-        clip_frac_high: m("clip_frac_high").unwrap_or(0.0),
-        grad_norm: m("grad_norm").unwrap_or(f64::NAN),
-        search_steps: m("search_steps"),
-        target_met: m("target_met"),
-        c_low: m("c_low"),
-        c_high: m("c_high"),
+        reward: m(Metric::RewardMean).unwrap_or(f64::NAN),
+        staleness: m(Metric::StalenessMean).unwrap_or(f64::NAN),
+        batch_entropy: m(Metric::Entropy).unwrap_or(f64::NAN),
+        clip_frac_low: m(Metric::ClipFracLow).unwrap_or(0.0),
+        clip_frac_high: m(Metric::ClipFracHigh).unwrap_or(0.0),
+        grad_norm: m(Metric::GradNorm).unwrap_or(f64::NAN),
+        search_steps: m(Metric::SearchSteps),
+        target_met: m(Metric::TargetMet),
+        c_low: m(Metric::CLow),
+        c_high: m(Metric::CHigh),
     }
 }
 

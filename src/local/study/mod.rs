@@ -8,14 +8,13 @@
 mod cells;
 mod report;
 
-use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
 use self::cells::{Row, summarise};
+use bapo_learner::record::{Metric, StepRecord};
+
 use super::{options::RunOptions, report::read_metrics, run};
 use crate::{commands::sft, config_file::ConfigFile};
 
@@ -40,10 +39,12 @@ pub struct Study {
     pub target_gain: f64,
 }
 
-fn mean(m: &BTreeMap<String, Vec<(f64, f64)>>, k: &str) -> f64 {
-    m.get(k).filter(|v| !v.is_empty()).map_or(f64::NAN, |v| {
-        v.iter().map(|p| p.1).sum::<f64>() / v.len() as f64
-    })
+fn mean(records: &[StepRecord], m: Metric) -> f64 {
+    let v = StepRecord::series(records, m);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.iter().map(|p| p.1).sum::<f64>() / v.len() as f64
 }
 
 /// Runs every (seed, staleness bound, loss) and writes `study.json` and
@@ -123,18 +124,19 @@ async fn measure(
     .with_context(|| format!("run {}", dir.display()))?;
     let m = read_metrics(&dir.join("metrics.jsonl"))?;
     let target = summary.warm_start_accuracy + study.target_gain;
-    let seconds_to_target = m.get("eval_accuracy").and_then(|acc| {
-        let times = m.get("time_s")?;
-        let step = acc.iter().find(|p| p.1 >= target)?.0;
-        times.iter().find(|t| t.0 >= step).map(|t| t.1)
-    });
+    let acc = StepRecord::series(&m, Metric::EvalAccuracy);
+    let times = StepRecord::series(&m, Metric::TimeS);
+    let seconds_to_target = acc
+        .iter()
+        .find(|p| p.1 >= target)
+        .and_then(|&(step, _)| times.iter().find(|t| t.0 >= step).map(|t| t.1));
     Ok(Row {
         algo: algo.to_string(),
         max_staleness: s,
         seed,
-        mean_entropy: mean(&m, "entropy"),
-        mean_clip_frac_low: mean(&m, "clip_frac_low"),
-        mean_clip_frac_high: mean(&m, "clip_frac_high"),
+        mean_entropy: mean(&m, Metric::Entropy),
+        mean_clip_frac_low: mean(&m, Metric::ClipFracLow),
+        mean_clip_frac_high: mean(&m, Metric::ClipFracHigh),
         seconds_to_target,
         summary,
         dir,

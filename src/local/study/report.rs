@@ -3,6 +3,8 @@
 
 use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 
+use bapo_learner::record::{Metric, StepRecord};
+
 use super::cells::{Cell, Row};
 use crate::local::report::{self, Series};
 
@@ -76,9 +78,9 @@ fn write_charts(
     std::fs::create_dir_all(&charts)?;
     for &s in stale {
         for (key, title) in [
-            ("eval_accuracy", "held-out accuracy"),
-            ("entropy", "entropy"),
-            ("clip_frac_low", "clip fraction (low)"),
+            (Metric::EvalAccuracy, "held-out accuracy"),
+            (Metric::Entropy, "entropy"),
+            (Metric::ClipFracLow, "clip fraction (low)"),
         ] {
             let series: Vec<Series> = algos
                 .iter()
@@ -88,14 +90,14 @@ fn write_charts(
                         .filter(|r| &r.algo == a && r.max_staleness == s)
                         .filter_map(|r| {
                             let m = report::read_metrics(&r.dir.join("metrics.jsonl")).ok()?;
-                            m.get(key).cloned()
+                            Some(StepRecord::series(&m, key)).filter(|s| !s.is_empty())
                         })
                         .collect();
                     let pts = mean_curve(&runs);
                     if pts.is_empty() {
                         return None;
                     }
-                    let smoothed = key != "eval_accuracy" && pts.len() > 100;
+                    let smoothed = key != Metric::EvalAccuracy && pts.len() > 100;
                     let mut notes = Vec::new();
                     if smoothed {
                         notes.push("mean of 25 steps".to_string());
@@ -122,7 +124,7 @@ fn write_charts(
                 continue;
             }
             let svg = report::line_chart(&format!("{title}, max staleness {s}"), "step", &series)?;
-            std::fs::write(charts.join(format!("{key}-s{s}.svg")), &svg)?;
+            std::fs::write(charts.join(format!("{}-s{s}.svg", key.key())), &svg)?;
             html.push_str(&svg);
         }
     }
