@@ -139,9 +139,11 @@ pub async fn run<F: Future<Output = ()>>(
             // The batch's staleness once, at its first update.
             names::record_step(report, if i == 0 { &staleness } else { &[] });
         }
-        s.after_step(&trainer, &reports, &mut shutdown).await?;
+        if s.after_step(&trainer, &reports, &mut shutdown).await? {
+            trainer = s.save_off_thread(trainer).await?;
+        }
     }
-    s.finish(trainer)
+    s.finish(trainer).await
 }
 
 /// The updates of one batch on a blocking thread: the trainer travels
@@ -223,7 +225,7 @@ impl<'o> Session<'o> {
         shutdown: &mut Shutdown<'_, F>,
     ) -> anyhow::Result<()> {
         self.report(trainer.version(), shutdown).await?;
-        publish(&self.hub, trainer)?;
+        publish(&self.hub, trainer).await?;
         if let (Some(eval), 0) = (&self.opts.eval, trainer.steps_done()) {
             let r = evaluate(eval, trainer).await?;
             write_line(
@@ -251,26 +253,27 @@ impl<'o> Session<'o> {
         intake::admit(groups, temperature).train
     }
 
-    /// Report, publish, evaluate, log and checkpoint after a batch's
-    /// updates (one line of metrics.jsonl each). Every-N actions happen
-    /// once when any update of the batch reaches a multiple of N, on the
-    /// weights after the batch (the ones actors and checkpoints can see).
+    /// Report, publish, evaluate and log after a batch's updates (one
+    /// line of metrics.jsonl each); true when a checkpoint is due. Every-N
+    /// actions happen once when any update of the batch reaches a multiple
+    /// of N, on the weights after the batch (the ones actors and
+    /// checkpoints can see).
     async fn after_step<F: Future<Output = ()>>(
         &mut self,
         trainer: &Trainer,
         reports: &[StepReport],
         shutdown: &mut Shutdown<'_, F>,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<bool> {
         let cfg = trainer.config();
         let Some(last) = reports.last() else {
-            return Ok(());
+            return Ok(false);
         };
         let reached = |every: u64, of: fn(&StepReport) -> u64| {
             every > 0 && reports.iter().any(|r| of(r).is_multiple_of(every))
         };
         self.report(last.version, shutdown).await?;
         if reached(cfg.broadcast_every, |r| r.version) {
-            publish(&self.hub, trainer)?;
+            publish(&self.hub, trainer).await?;
         }
         let mut extra = BTreeMap::new();
         // What the buffer's books must match (bapo run reconciles on it):
@@ -302,10 +305,7 @@ impl<'o> Session<'o> {
             )?;
             log_step(r);
         }
-        if reached(cfg.checkpoint_every, |r| r.step) {
-            self.save(trainer)?;
-        }
-        Ok(())
+        Ok(reached(cfg.checkpoint_every, |r| r.step))
     }
 
     /// Reports `version`, the lineage and the draws trained until the
@@ -358,22 +358,34 @@ impl<'o> Session<'o> {
         }
     }
 
-    fn save(&self, trainer: &Trainer) -> anyhow::Result<()> {
-        save(
-            trainer,
-            &self.ckpt_dir,
-            &self.provenance,
-            trainer.config().keep_checkpoints,
-        )
+    /// Writes a checkpoint on a blocking thread (the trainer travels there
+    /// and back): at 7B it is tens of GB of encoding and fsync, which must
+    /// not stall the runtime that answers health checks and streams
+    /// weights to actors.
+    async fn save_off_thread(&self, trainer: Trainer) -> anyhow::Result<Trainer> {
+        let (dir, provenance) = (self.ckpt_dir.clone(), self.provenance.clone());
+        let keep = trainer.config().keep_checkpoints;
+        let (trainer, r) = tokio::task::spawn_blocking(move || {
+            let r = save(&trainer, &dir, &provenance, keep);
+            (trainer, r)
+        })
+        .await
+        .context("writing a checkpoint panicked")?;
+        r.map(|()| trainer)
     }
 
     /// The final checkpoint, the exported weights and the summary.
-    fn finish(mut self, trainer: Trainer) -> anyhow::Result<RunSummary> {
-        self.save(&trainer)?;
+    async fn finish(mut self, trainer: Trainer) -> anyhow::Result<RunSummary> {
+        let trainer = self.save_off_thread(trainer).await?;
         if self.opts.export_final {
             let dir = self.opts.out.join("final");
-            bapo_policy::hf::save(&trainer.policy(), &dir)
-                .with_context(|| format!("exporting final weights to {}", dir.display()))?;
+            let policy = trainer.policy();
+            tokio::task::spawn_blocking(move || {
+                bapo_policy::hf::save(&policy, &dir)
+                    .with_context(|| format!("exporting final weights to {}", dir.display()))
+            })
+            .await
+            .context("exporting the final weights panicked")??;
         }
         self.log.flush()?;
         Ok(RunSummary {
@@ -410,11 +422,18 @@ async fn sample(client: &mut BatchSourceClient<AuthChannel>, groups: u32) -> Opt
     }
 }
 
-fn publish(hub: &WeightHub, t: &Trainer) -> anyhow::Result<()> {
+/// Encodes the current weights and makes them the newest, on a blocking
+/// thread: the runtime keeps serving while a large model is encoded.
+async fn publish(hub: &WeightHub, t: &Trainer) -> anyhow::Result<()> {
     let policy = t.policy();
     let encoding = t.config().broadcast_encoding()?;
-    hub.publish_as(&policy.model, &policy.config, t.version(), encoding)
-        .context("encoding weights for the broadcast")?;
+    let (hub, version) = (hub.clone(), t.version());
+    tokio::task::spawn_blocking(move || {
+        hub.publish_as(&policy.model, &policy.config, version, encoding)
+    })
+    .await
+    .context("encoding weights for the broadcast panicked")?
+    .context("encoding weights for the broadcast")?;
     Ok(())
 }
 

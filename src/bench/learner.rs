@@ -3,11 +3,23 @@
 //! batch shape, with its tokens/s and the process's peak resident memory.
 //! `bapo bench model` times a bare training step; this one is what the
 //! learner service runs, so its memory is what a learner pod needs.
+//!
+//! Then the publish after a step: encoding the weights for the broadcast,
+//! beside the copy it no longer makes (the reference), and how long an
+//! async runtime stalls when the publish runs on it (the old path) and
+//! when it runs on a blocking thread (the learner's path now).
 
-use std::time::Instant;
+use std::{
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
-use bapo_learner::{LearnerConfig, TrainGroup, Trainer, rollouts::Sequence};
-use bapo_policy::{Policy, burn::prelude::*};
+use bapo_learner::{LearnerConfig, TrainGroup, Trainer, broadcast::WeightHub, rollouts::Sequence};
+use bapo_policy::{Policy, burn::prelude::*, weights::Encoding};
 use clap::Args;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
@@ -102,9 +114,72 @@ pub fn run(a: LearnerBenchArgs) -> anyhow::Result<()> {
             r.loss
         );
     }
+    publish_numbers(&trainer)?;
     match peak_rss_gb() {
         Some(gb) => println!("peak resident memory: {gb:.2} GB"),
         None => println!("peak resident memory: unknown (no /proc/self/status)"),
     }
     Ok(())
+}
+
+/// Publish cost and the runtime stall it causes, inline and off-thread.
+fn publish_numbers(trainer: &Trainer) -> anyhow::Result<()> {
+    let policy = Arc::new(trainer.policy());
+    let hub = WeightHub::with_incarnation(1);
+    let t0 = Instant::now();
+    let p = hub.publish_as(&policy.model, &policy.config, 1, Encoding::F32)?;
+    let publish_s = t0.elapsed().as_secs_f64();
+    let t0 = Instant::now();
+    let copy = bytes::Bytes::copy_from_slice(&p.payload);
+    let copy_s = t0.elapsed().as_secs_f64();
+    println!(
+        "publish (f32 encode, {:.0} MB): {publish_s:.2} s; reference, the copy of the \
+         payload it no longer makes: {copy_s:.3} s",
+        copy.len() as f64 / 1e6
+    );
+    drop((copy, p));
+    // One runtime thread, as a busy learner runtime worker: a 1 ms ticker
+    // measures how late it runs while a publish is in progress.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
+    let (h, pol) = (hub.clone(), policy.clone());
+    let inline = rt.block_on(max_tick_lag(async move {
+        let _ = h.publish_as(&pol.model, &pol.config, 2, Encoding::F32);
+    }));
+    let off = rt.block_on(max_tick_lag(async move {
+        let _ = tokio::task::spawn_blocking(move || {
+            hub.publish_as(&policy.model, &policy.config, 3, Encoding::F32)
+        })
+        .await;
+    }));
+    println!(
+        "runtime stalled by a publish: {:.0} ms on the runtime thread (reference, the old \
+         path), {:.0} ms with spawn_blocking (now)",
+        inline.as_secs_f64() * 1e3,
+        off.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// The longest a 1 ms ticker on the current runtime was late while
+/// `work` ran.
+async fn max_tick_lag(work: impl Future<Output = ()>) -> Duration {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let ticker = tokio::spawn(async move {
+        let mut worst = Duration::ZERO;
+        let mut last = Instant::now();
+        while !flag.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let now = Instant::now();
+            worst = worst.max(now - last);
+            last = now;
+        }
+        worst
+    });
+    tokio::task::yield_now().await;
+    work.await;
+    stop.store(true, Ordering::Relaxed);
+    ticker.await.unwrap_or_default()
 }
