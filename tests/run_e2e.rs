@@ -110,8 +110,11 @@ fn bapo_run_trains_end_to_end_and_every_service_exports_metrics() {
     assert_eq!(s["reconciled"], true, "{s}");
     // An actor's group can go stale while it is still being generated (on
     // a loaded machine the learner may step past max_staleness meanwhile):
-    // the buffer refuses it, by design. Any other refusal would be a
-    // malformed rollout, which the loop must never produce.
+    // the buffer refuses the rollout (rejected_stale) and evicts the group
+    // as stale, so its members still on their way are refused as members
+    // of a sealed group (rejected_group_sealed). Both follow from
+    // staleness, by design; any other refusal would be a malformed
+    // rollout, which the loop must never produce.
     let b = &s["buffer"];
     let count = |k: &str| b[k].as_u64().unwrap_or(0);
     assert_eq!(
@@ -119,6 +122,12 @@ fn bapo_run_trains_end_to_end_and_every_service_exports_metrics() {
         count("rejected_stale") + count("rejected_group_sealed"),
         "a refusal other than staleness: {b}"
     );
+    if count("rejected_group_sealed") > 0 {
+        assert!(
+            count("evicted_stale") + count("rejected_stale") > 0,
+            "sealed-group refusals without any staleness: {b}"
+        );
+    }
     // An untrained tiny model never writes a correct sum (one in ~10^6
     // draws); after the warm start some of its samples are right.
     assert!(

@@ -345,8 +345,14 @@ mod tests {
             }
 
             #[test]
-            fn arbitrary_text_is_a_named_error(text in "\\PC{0,200}") {
-                let _ = evaluate(&args("bapo"), &text);
+            fn arbitrary_text_never_panics_and_every_error_names_its_cause(
+                text in "\\PC{0,200}",
+            ) {
+                if let Err(e) = evaluate(&args("bapo"), &text) {
+                    // "input is not JSON", or "<field>: <what is wrong>".
+                    let msg = format!("{e:#}");
+                    prop_assert!(msg.contains("JSON") || msg.contains(": "), "{msg}");
+                }
             }
         }
     }
