@@ -12,12 +12,13 @@ use std::{
     net::TcpListener,
     path::Path,
     process::{Child, Command, Stdio},
-    sync::{Arc, atomic::AtomicBool},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use bapo_actor::{
     lease::{Acquired, Admitted, Leasing, Stop},
+    stop::StopFlag,
     subscription::Versioned,
 };
 use bapo_buffer::BufferConfig;
@@ -157,7 +158,7 @@ async fn an_actor_renews_its_lease_and_one_it_drops_expires() {
     let leasing = Leasing::new(rollout_sink(&url), Duration::from_secs(5));
     let (_tx, cell) = weights_cell();
     let (_abort_tx, abort) = watch::channel(false);
-    let stopping = AtomicBool::new(false);
+    let stopping = StopFlag::new();
     let mut stop = Stop {
         abort,
         stopping: &stopping,
@@ -191,7 +192,7 @@ async fn against_a_buffer_without_leases_the_actor_pushes_unleased() {
     );
     let leasing = Leasing::new(rollout_sink(&format!("http://{addr}")), Duration::ZERO);
     let (_abort_tx, abort) = watch::channel(false);
-    let stopping = AtomicBool::new(false);
+    let stopping = StopFlag::new();
     let mut stop = Stop {
         abort,
         stopping: &stopping,

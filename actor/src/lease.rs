@@ -30,6 +30,7 @@ use tonic::{Code, Status};
 use crate::{
     backoff::Backoff,
     metrics as names,
+    stop::StopFlag,
     subscription::{PolicyCell, Versioned},
 };
 
@@ -93,19 +94,14 @@ pub enum Admitted {
 /// (no new groups after SIGTERM).
 pub struct Stop<'a> {
     pub abort: watch::Receiver<bool>,
-    pub stopping: &'a AtomicBool,
+    pub stopping: &'a StopFlag,
 }
 
 impl Stop<'_> {
     async fn wait(&mut self) {
-        let stopping = async {
-            while !self.stopping.load(Relaxed) {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        };
         tokio::select! {
             _ = self.abort.wait_for(|a| *a) => {}
-            () = stopping => {}
+            () = self.stopping.wait() => {}
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod push;
 pub mod reward;
 pub mod rollout;
 pub mod run;
+pub mod stop;
 pub mod subscription;
 pub mod vllm;
 

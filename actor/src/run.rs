@@ -38,6 +38,7 @@ use crate::{
     push::push_group,
     reward::{self, Retry, RewardConfig, Verifier, score_group},
     rollout::{Origin, Outcome, Packing, completions, follow_cell, generate, pack},
+    stop::StopFlag,
     subscription::{self, PolicyCell, Versioned},
     vllm,
 };
@@ -132,7 +133,7 @@ pub async fn run(
     };
 
     let abort_flag = Arc::new(AtomicBool::new(false));
-    let stopping = Arc::new(AtomicBool::new(false));
+    let stopping = Arc::new(StopFlag::new());
     let groups_done = Arc::new(AtomicU64::new(0));
     let tokens_done = Arc::new(AtomicU64::new(0));
     let nonce: u32 = SmallRng::from_os_rng().random();
@@ -198,7 +199,7 @@ async fn supervise(
     shutdown: impl std::future::Future<Output = ()>,
     engine: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     cfg: &ActorConfig,
-    stopping: &AtomicBool,
+    stopping: &StopFlag,
     abort: &AtomicBool,
     abort_tx: &watch::Sender<bool>,
 ) -> Option<anyhow::Error> {
@@ -234,7 +235,7 @@ async fn supervise(
             e = &mut engine_failed => return Some(slot_failed(e)),
             _ = &mut shutdown, if deadline.is_none() => {
                 tracing::info!("shutting down: finishing in-flight groups");
-                stopping.store(true, Ordering::Relaxed);
+                stopping.set();
                 let grace = Duration::from_secs_f64(cfg.shutdown_grace_s.max(0.0));
                 deadline = Some(tokio::time::Instant::now() + grace);
             }
@@ -276,7 +277,7 @@ struct Slot {
     leasing: Option<Arc<Leasing>>,
     abort_rx: watch::Receiver<bool>,
     abort: Arc<AtomicBool>,
-    stopping: Arc<AtomicBool>,
+    stopping: Arc<StopFlag>,
     groups: Arc<AtomicU64>,
     tokens: Arc<AtomicU64>,
     actor_id: String,
@@ -299,7 +300,7 @@ impl Slot {
         let mut n = 0u64;
         let mut params = self.cfg.sampling.clone();
         params.stop_tokens = self.stop_tokens.clone();
-        while !self.stopping.load(Ordering::Relaxed)
+        while !self.stopping.is_set()
             && (self.cfg.max_groups == 0
                 || self.groups.load(Ordering::Relaxed) < self.cfg.max_groups)
         {
@@ -428,7 +429,7 @@ impl Slot {
             }
         });
         match got {
-            Err(_) if self.stopping.load(Ordering::Relaxed) => Ok(false),
+            Err(_) if self.stopping.is_set() => Ok(false),
             got => got,
         }
     }
