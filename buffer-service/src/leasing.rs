@@ -95,7 +95,7 @@ impl Buffer {
 impl Inner {
     /// The learner's version and current incarnation (0: none reported).
     fn learner_now(&self) -> (u64, u64) {
-        let incarnation = self.learner.read().lineage.current().unwrap_or(0);
+        let incarnation = self.learner.read().lineage.current_id();
         (self.version.load(Relaxed), incarnation)
     }
 

@@ -49,9 +49,16 @@ impl Learner {
     /// incarnation (0: none).
     fn restore(self, inner: &Inner) -> u64 {
         let mut books = inner.learner.write();
-        books.lineage = Lineage::new(self.lineage);
+        // The log holds only lineages a report passed with; one that no
+        // longer checks (a hand-edited log) is dropped, loudly, rather than
+        // trusted.
+        let version = inner.version.load(Relaxed);
+        books.lineage = Lineage::from_wire(&self.lineage, version).unwrap_or_else(|e| {
+            tracing::error!("the log's learner lineage is not a history ({e}); ignoring it");
+            Lineage::default()
+        });
         books.lost_to_rollback = self.lost;
-        let id = books.lineage.current().unwrap_or(0);
+        let id = books.lineage.current_id();
         if id != 0 {
             inner.metrics.incarnation(id).set(1.0);
         }
@@ -284,7 +291,7 @@ impl Inner {
             learner_version: self.version.load(Relaxed),
             retired_groups: ledger.consumed,
             next_sequence: ready.next_sequence,
-            lineage: learner.lineage.entries().to_vec(),
+            lineage: learner.lineage.to_wire(),
             groups_lost_to_rollback: learner.lost_to_rollback,
             rebase_retired: ledger.rebase_consumed,
             rebase_version: ledger.rebase_version,

@@ -61,7 +61,7 @@ use crate::{
     eviction::{self, EvictReason},
     group::{GroupEntry, PendingGroup, ReadyGroup, SampledGroup},
     lease::LeaseTable,
-    lineage::{Lineage, ReportKind},
+    lineage::{Lineage, ReportKind, classify},
     metrics as m,
     rate_limit::RateLimiter,
     ready::ReadyStore,
@@ -447,14 +447,16 @@ impl Buffer {
             lineage,
             groups_trained,
         } = report;
+        // A lineage that cannot be a history (forged, or from a broken
+        // learner) must not evict or re-base anything: refused by entry.
+        let lineage = Lineage::from_wire(&lineage, version)
+            .map_err(|e| BufferError::InvalidRequest(format!("version report: {e}")))?;
         let mut learner = inner.learner.write();
-        let kind = learner
-            .lineage
-            .classify(&lineage, &learner.former)
+        let kind = classify(&learner.lineage, &lineage, &learner.former)
             .map_err(BufferError::Superseded)?;
         let old = inner.version.swap(version, Relaxed);
         if kind == ReportKind::NewIncarnation {
-            inner.adopt_incarnation(&mut learner, Lineage::new(lineage), groups_trained, old);
+            inner.adopt_incarnation(&mut learner, lineage, groups_trained, old);
         } else if version < old {
             tracing::warn!(
                 old,
@@ -581,7 +583,7 @@ impl Buffer {
             admitted_groups: ledger.admitted(),
             admission_limit: inner.bound.limit(&ledger, version),
             groups_admitted: ledger.inserted,
-            learner_incarnation: learner.lineage.current().unwrap_or(0),
+            learner_incarnation: learner.lineage.current_id(),
             groups_lost_to_rollback: learner.lost_to_rollback,
             leases_outstanding: ledger.leased,
             leases_granted: c.leases_granted.load(Relaxed),
@@ -740,11 +742,11 @@ impl Inner {
         old_version: u64,
     ) {
         let version = self.version.load(Relaxed);
-        if let Some(prev) = learner.lineage.current() {
+        if let Some(prev) = learner.lineage.current().map(|i| i.id) {
             learner.former.push(prev);
             self.metrics.incarnation(prev).set(0.0);
         }
-        let id = lineage.current().unwrap_or(0);
+        let id = lineage.current_id();
         learner.lineage = lineage;
         self.lineage_epoch.fetch_add(1, Release);
         let samples = {
@@ -775,7 +777,7 @@ impl Inner {
         let l = self.ledger.lock();
         walpb::Version {
             version,
-            lineage: learner.lineage.entries().to_vec(),
+            lineage: learner.lineage.to_wire(),
             groups_lost_to_rollback: learner.lost_to_rollback,
             rebase_retired: l.rebase_consumed,
             rebase_version: l.rebase_version,

@@ -781,3 +781,45 @@ async fn lineage_and_rebase_survive_replay_and_compaction() {
         b.close().await.unwrap();
     }
 }
+
+/// A report whose lineage cannot be a history (forged, or from a broken
+/// learner) is refused by entry before it changes anything: no eviction,
+/// no re-base, no new version, the current incarnation kept.
+#[tokio::test]
+async fn a_forged_lineage_is_refused_and_changes_nothing() {
+    let b = Buffer::open(incarnation_cfg()).unwrap();
+    start_a_at_70(&b);
+    for g in 0..5 {
+        push_group(&b, &format!("a{g}"), 1, 70).await;
+    }
+    let before = b.stats();
+    let forged = [
+        // B claims to start after the version it reports.
+        (
+            vec![inc(A, 0), inc(B, 90)],
+            "entry 1",
+            "after the weights' version",
+        ),
+        // B names A's id again.
+        (vec![inc(A, 0), inc(A, 10)], "entry 1", "repeats"),
+        // Id 0 means "none".
+        (vec![inc(0, 0)], "entry 0", "reserved"),
+        // Starts go backwards.
+        (
+            vec![inc(A, 20), inc(B, 10)],
+            "entry 1",
+            "before its predecessor",
+        ),
+    ];
+    for (lineage, entry, why) in forged {
+        let e = b.report(report(50, &lineage, 0)).unwrap_err();
+        assert!(matches!(e, BufferError::InvalidRequest(_)), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains(entry) && msg.contains(why), "{msg}");
+    }
+    let after = b.stats();
+    assert_eq!(b.learner_version(), 70);
+    assert_eq!(after.learner_incarnation, A);
+    assert_eq!(after.groups_ready, before.groups_ready, "nothing evicted");
+    assert_eq!(after.admission_limit, before.admission_limit, "no re-base");
+}

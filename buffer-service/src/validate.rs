@@ -293,7 +293,7 @@ pub fn check_history(r: &Rollout, lineage: &Lineage, version: u64) -> Result<(),
         "learner_incarnation {:016x}, versions {oldest}..={newest}, is not in the learner's history \
          (current incarnation {:016x} at version {version}): those weights were rolled back",
         r.learner_incarnation,
-        lineage.current().unwrap_or(0),
+        lineage.current_id(),
     );
     Err(Rejection::new(
         r,
@@ -438,7 +438,7 @@ mod tests {
     mod props {
         use super::*;
         use crate::{lineage::Lineage, wire};
-        use bapo_proto::v1::{self, Incarnation};
+        use bapo_proto::{lineage::Incarnation, v1};
         use bytes::Bytes;
         use proptest::prelude::*;
 
@@ -513,7 +513,7 @@ mod tests {
                 let history = Lineage::new(vec![
                     Incarnation { id: 1, first_version: 0 },
                     Incarnation { id: 2, first_version: version / 2 },
-                ]);
+                ], version).unwrap();
                 let limits = Limits {
                     max_tokens,
                     max_rollout_bytes: 1000,

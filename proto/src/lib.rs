@@ -2,10 +2,11 @@
 //! buffer's log records (`wal.proto`), plus [`packed`], the encoding of the
 //! per-token arrays, and [`transport`], the connection settings and guard
 //! every bapo server shares, [`tls`], mutual TLS with per-role
-//! authorization for servers and clients, and [`deadline`], the caller's
-//! gRPC deadline. Services and cores live in the crates that own them.
+//! authorization for servers and clients, [`deadline`], the caller's
+//! gRPC deadline, and [`lineage`], the learner's history both sides check. Services and cores live in the crates that own them.
 
 pub mod deadline;
+pub mod lineage;
 pub mod packed;
 pub mod tls;
 pub mod transport;
