@@ -14,6 +14,7 @@ pub mod config;
 pub mod eviction;
 pub mod group;
 pub mod lease;
+pub mod ledger;
 pub mod lineage;
 pub mod metrics;
 pub mod rate_limit;

@@ -7,7 +7,7 @@
 //! would leave the window below waits for inserts, an insert that would leave
 //! it above waits for samples.
 
-use crate::{admission::Ledger, config::BufferConfig};
+use crate::{config::BufferConfig, ledger::Ledger};
 
 #[derive(Debug, Clone, Copy)]
 pub struct RateLimiter {

@@ -56,11 +56,12 @@ use rand::{SeedableRng, rngs::SmallRng};
 use tokio::{sync::Notify, task::JoinHandle};
 
 use crate::{
-    admission::{Admission, Hold, Ledger, StalenessBound, View},
+    admission::{Admission, Hold, StalenessBound, View},
     config::BufferConfig,
     eviction::{self, EvictReason},
     group::{GroupEntry, PendingGroup, ReadyGroup, SampledGroup},
     lease::LeaseTable,
+    ledger::Ledger,
     lineage::{Lineage, ReportKind, classify},
     metrics as m,
     rate_limit::RateLimiter,

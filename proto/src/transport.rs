@@ -40,10 +40,7 @@ use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore, mpsc},
 };
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{
-    Server,
-    server::{Connected, TcpConnectInfo},
-};
+use tonic::transport::{Server, server::Connected};
 use tower_layer::{Identity, Stack};
 
 use crate::tls::{AuthLayer, Peer, ServerSecurity, ServerTls};
@@ -54,7 +51,10 @@ use crate::tls::{AuthLayer, Peer, ServerSecurity, ServerTls};
 pub const STREAM_WINDOW: u32 = 4 << 20;
 pub const CONNECTION_WINDOW: u32 = 16 << 20;
 
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection that sends nothing within this long is closed (also a
+/// client's connect timeout). Defined with TLS, which uses it too, so the
+/// dependency runs one way: transport on tls.
+pub use crate::tls::HANDSHAKE_TIMEOUT;
 pub const MAX_CONNECTIONS: usize = 4096;
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -204,13 +204,7 @@ async fn admit(
     })
 }
 
-/// What a server knows of a connection: its addresses and, with mutual
-/// TLS, the peer its certificate names. In every request's extensions.
-#[derive(Debug, Clone)]
-pub struct ConnInfo {
-    pub tcp: TcpConnectInfo,
-    pub peer: Option<Arc<Peer>>,
-}
+pub use crate::tls::ConnInfo;
 
 enum Io {
     Plain(TcpStream),

@@ -14,9 +14,9 @@ use dashmap::mapref::entry::Entry;
 
 use super::Inner;
 use crate::{
-    admission::Ledger,
     eviction::EvictReason,
     group::{GroupEntry, PendingGroup, ReadyGroup},
+    ledger::Ledger,
     lineage::Lineage,
     wal::{Snapshot, SnapshotRefused},
     wire,

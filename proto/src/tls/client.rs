@@ -257,7 +257,7 @@ fn tls_config(tls: &ClientTls) -> Result<ClientTlsConfig, TlsError> {
     certs(&ca, &tls.ca)?;
     let mut config = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(ca))
-        .timeout(crate::transport::HANDSHAKE_TIMEOUT);
+        .timeout(super::HANDSHAKE_TIMEOUT);
     if let Some(id) = &tls.identity {
         let cert = read(&id.cert, "TLS certificate")?;
         let key = read(&id.key, "TLS key")?;

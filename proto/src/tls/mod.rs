@@ -59,12 +59,16 @@ use rustls::{
 pub use client::{
     AuthChannel, CertKey, ClientTls, ClientToken, Connector, connector, is_loopback_url,
 };
-pub use roles::{Access, Peer, Role, access, authorize, peer};
+pub use roles::{Access, ConnInfo, Peer, Role, access, authorize, peer};
 pub use server::{AuthLayer, Authorize, ServerFiles, ServerSecurity, ServerTls};
 
 /// How often a server re-reads its certificate files, token file and
 /// blocklist.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long a peer has to complete its handshake: the server's guard
+/// closes a silent connection after it, a client gives up connecting.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A TLS setting that cannot be used, named.
 #[derive(Debug, Clone, PartialEq, Eq)]

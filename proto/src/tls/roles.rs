@@ -56,6 +56,15 @@ pub struct Peer {
     pub role: Option<Role>,
 }
 
+/// What a server knows of a connection: its addresses and, with mutual
+/// TLS, the peer its certificate names. In every request's extensions
+/// (set by the transport's connection guard).
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub tcp: tonic::transport::server::TcpConnectInfo,
+    pub peer: Option<Arc<Peer>>,
+}
+
 const NO_ID: &str = "(no SPIFFE ID)";
 
 impl Peer {
@@ -108,9 +117,7 @@ pub(crate) struct TokenPeer(pub Arc<Peer>);
 /// plaintext server.
 pub fn peer<T>(req: &tonic::Request<T>) -> Option<&Peer> {
     let ext = req.extensions();
-    let by_cert = ext
-        .get::<crate::transport::ConnInfo>()
-        .and_then(|c| c.peer.as_deref());
+    let by_cert = ext.get::<ConnInfo>().and_then(|c| c.peer.as_deref());
     by_cert.or_else(|| ext.get::<TokenPeer>().map(|t| &*t.0))
 }
 

@@ -318,7 +318,7 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 fn check<B>(tls: &ServerTls, req: &mut http::Request<B>) -> Result<(), Status> {
     let by_cert = req
         .extensions()
-        .get::<crate::transport::ConnInfo>()
+        .get::<super::ConnInfo>()
         .and_then(|c| c.peer.clone());
     let by_token = match by_cert {
         Some(_) => None,
