@@ -34,8 +34,10 @@ use crate::{
     vcpo::{LrRule, RHO_BASE, lr_scale},
 };
 
+mod host_loss;
 mod replay;
 
+use host_loss::HostLoss;
 pub use replay::AlgoState;
 use replay::RemixRun;
 
@@ -128,6 +130,12 @@ impl Prepared {
 
 /// Rows, the token batch without current log-probs, and data metrics.
 type Layout = (Vec<Row>, TokenBatch, BTreeMap<String, f64>);
+
+/// Entropy and KL penalties summed over a step's micro-batches.
+struct Sums {
+    entropy: f64,
+    kl: Vec<f64>,
+}
 
 /// One trained sequence laid out for the model.
 struct Row {
@@ -415,101 +423,50 @@ impl Trainer {
     ) -> Result<Backward, TrainError> {
         let Prepared {
             rows,
-            skel: batch_skel,
+            skel,
             metrics,
         } = prepared;
         let (rows, mut metrics) = (&rows[..], metrics.clone());
-        let n_tokens = batch_skel.advantages.len();
         let micro = micro_batches(rows.len(), self.cfg.micro_batch_seqs);
-
-        // Current log-probs: in a no-grad pass first when the loss needs
-        // them before the first backward pass (several micro-batches);
-        // else read off the one autodiff pass. With the search scoped to
-        // micro-batches, each computes its own loss (bounds, statistics)
-        // from its own forward pass; the denominators stay those of the
-        // whole step.
+        // With the search scoped to micro-batches, each computes its own
+        // loss (bounds, statistics) from its own forward pass; otherwise
+        // one loss over the step, from a no-grad pass first when there are
+        // several micro-batches.
         let per_micro = self.cfg.search_scope == SearchScope::MicroBatch && micro.len() > 1;
-        let prepass = !per_micro && micro.len() > 1;
         let denoms = Denominators {
             l_const: self.l_const() as f64,
-            ..Denominators::of(batch_skel)
+            ..Denominators::of(skel)
         };
-        let mut out: Option<(LossOutput, TokenBatch)> = None;
-        let (mut lp_flat, mut grad_flat) = (vec![0.0; n_tokens], vec![0.0; n_tokens]);
-        let (mut loss_sum, mut metric_sums) = (0.0, BTreeMap::<String, f64>::new());
-        if prepass {
-            let lp = self.logprobs_no_grad(rows, n_tokens);
-            out = Some(compute_loss(loss, batch_skel, lp, &denoms)?);
+        let mut host = HostLoss::new(loss, skel, denoms, per_micro);
+        if !per_micro && micro.len() > 1 {
+            host.set_from_prepass(self.logprobs_no_grad(rows, skel.advantages.len()))?;
         }
-
         let kl_terms = if kl { self.kl_terms() } else { Vec::new() };
-        let mut kl_sums = vec![0.0f64; kl_terms.len()];
+        let mut sums = Sums {
+            entropy: 0.0,
+            kl: vec![0.0; kl_terms.len()],
+        };
         let mut accum = GradientsAccumulator::<Transformer>::new();
-        let mut entropy_sum = 0.0f64;
-        let inv_tokens = 1.0 / n_tokens as f32;
         for mb in &micro {
             let rows = &rows[mb.clone()];
             let tokens = self.tokens(rows, &self.device);
             let logits = self.model.forward(tokens.clone(), &self.rope, None);
             let (lp, entropy) =
-                next_token_logprobs_and_entropy(logits, tokens.clone(), self.cfg.temperature);
-            let [b, t] = lp.dims();
-            if per_micro {
-                scatter_response(rows, &to_host(lp.clone()), &mut lp_flat);
-                let last = rows.last().expect("micro-batches are not empty");
-                let range = rows[0].offset..last.offset + last.len;
-                let sub = slice(batch_skel, range.clone());
-                let (o, _) = compute_loss(loss, &sub, lp_flat[range.clone()].to_vec(), &denoms)?;
-                grad_flat[range.clone()].copy_from_slice(&o.grad);
-                loss_sum += o.loss;
-                for (k, v) in o.metrics {
-                    *metric_sums.entry(k).or_default() += v * range.len() as f64 / n_tokens as f64;
-                }
-            } else if out.is_none() {
-                let host = to_host(lp.clone());
-                let mut flat = vec![0.0; n_tokens];
-                scatter_response(rows, &host, &mut flat);
-                out = Some(compute_loss(loss, batch_skel, flat, &denoms)?);
-            }
-            let grad: &[f64] = match &out {
-                Some((o, _)) => &o.grad,
-                None => &grad_flat,
-            };
-            let coef = response_grid(rows, [b, t], |row, j| grad[row.offset + j] as f32);
-            let mask = response_grid(rows, [b, t], |_, _| inv_tokens);
-            let coef = Tensor::<2>::from_data(TensorData::new(coef, [b, t]), &self.device);
-            let mask = Tensor::<2>::from_data(TensorData::new(mask, [b, t]), &self.device);
-            let weighted_entropy = entropy.mul(mask.clone()).sum();
-            entropy_sum += weighted_entropy.clone().into_scalar::<f32>() as f64;
-            let mut objective = lp.clone().mul(coef).sum();
-            if self.cfg.entropy_coef > 0.0 {
-                objective = objective - weighted_entropy.mul_scalar(self.cfg.entropy_coef as f32);
-            }
-            for (i, (reference, coef, _)) in kl_terms.iter().enumerate() {
-                let k3 = self.k3_to(reference, rows, lp.clone(), mask.clone());
-                kl_sums[i] += k3.clone().into_scalar::<f32>() as f64;
-                objective = objective + k3.mul_scalar(*coef as f32);
-            }
+                next_token_logprobs_and_entropy(logits, tokens, self.cfg.temperature);
+            let grad = host.gradient(rows, &lp)?;
+            let inv_tokens = 1.0 / skel.advantages.len() as f32;
+            let objective =
+                self.objective(rows, (lp, entropy), grad, inv_tokens, &kl_terms, &mut sums);
             let grads = GradientsParams::from_grads(objective.backward(), &self.model);
             accum.accumulate(&self.model, grads);
         }
-        if per_micro {
-            let batch = token_batch(batch_skel, lp_flat)?;
-            let loss = LossOutput {
-                loss: loss_sum,
-                grad: grad_flat,
-                metrics: metric_sums,
-            };
-            out = Some((loss, batch));
-        }
-        let (loss_out, batch) = out.ok_or(TrainError::Empty)?;
-
+        let (loss_out, batch) = host.finish()?;
         let seq_log_weights = seq_log_weights(rows, &batch);
         metrics.extend(loss_out.metrics.clone());
         metrics.extend(ratio_metrics(&batch));
         metrics.extend(mismatch_metrics(&batch));
-        metrics.insert(Metric::Entropy.into(), entropy_sum);
-        for ((_, _, name), v) in kl_terms.iter().zip(kl_sums) {
+        metrics.insert(Metric::Entropy.into(), sums.entropy);
+        for ((_, _, name), v) in kl_terms.iter().zip(sums.kl) {
             metrics.insert((*name).into(), v);
         }
         Ok(Backward {
@@ -519,6 +476,39 @@ impl Trainer {
             seq_log_weights,
             metrics,
         })
+    }
+
+    /// One micro-batch's objective: the surrogate `Σ sg(∂L/∂lp)·lp`, minus
+    /// the entropy bonus, plus the KL penalties (each `Σ k3 / tokens`);
+    /// the entropy and KL sums are added to `sums`.
+    fn objective(
+        &self,
+        rows: &[Row],
+        (lp, entropy): (Tensor<2>, Tensor<2>),
+        grad: &[f64],
+        inv_tokens: f32,
+        kl_terms: &[(&Transformer, f64, &'static str)],
+        sums: &mut Sums,
+    ) -> Tensor<1> {
+        let [b, t] = lp.dims();
+        let grid = |f: &dyn Fn(&Row, usize) -> f32| {
+            let g = response_grid(rows, [b, t], f);
+            Tensor::<2>::from_data(TensorData::new(g, [b, t]), &self.device)
+        };
+        let coef = grid(&|row, j| grad[row.offset + j] as f32);
+        let mask = grid(&|_, _| inv_tokens);
+        let weighted_entropy = entropy.mul(mask.clone()).sum();
+        sums.entropy += weighted_entropy.clone().into_scalar::<f32>() as f64;
+        let mut objective = lp.clone().mul(coef).sum();
+        if self.cfg.entropy_coef > 0.0 {
+            objective = objective - weighted_entropy.mul_scalar(self.cfg.entropy_coef as f32);
+        }
+        for (i, (reference, coef, _)) in kl_terms.iter().enumerate() {
+            let k3 = self.k3_to(reference, rows, lp.clone(), mask.clone());
+            sums.kl[i] += k3.clone().into_scalar::<f32>() as f64;
+            objective = objective + k3.mul_scalar(*coef as f32);
+        }
+        objective
     }
 
     /// Rows, the token batch with the behaviour log-probs in `logp_old`,
