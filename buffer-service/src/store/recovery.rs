@@ -18,6 +18,7 @@ use crate::{
     group::{GroupEntry, PendingGroup, ReadyGroup},
     ledger::Ledger,
     lineage::Lineage,
+    ready::ReadyStore,
     wal::{Snapshot, SnapshotRefused},
     wire,
 };
@@ -33,6 +34,137 @@ pub(super) fn snapshot_source(inner: Weak<Inner>) -> Snapshot {
             "the buffer was dropped, its live state is gone".into(),
         )),
     })
+}
+
+/// What replaying the log has rebuilt so far, besides the groups
+/// themselves (which go straight into the store's map).
+struct Replayed {
+    /// Ready groups by id, with their use counts.
+    ready: HashMap<String, (ReadyGroup, u32)>,
+    consumed: u64,
+    next_sequence: u64,
+    /// The learner's books as of the last Meta or Version record.
+    learner: Learner,
+    now: Instant,
+}
+
+impl Replayed {
+    fn new() -> Self {
+        Self {
+            ready: HashMap::new(),
+            consumed: 0,
+            next_sequence: 0,
+            learner: Learner::default(),
+            now: Instant::now(),
+        }
+    }
+
+    fn apply(&mut self, inner: &Inner, kind: Kind) {
+        match kind {
+            Kind::Meta(meta) => self.meta(inner, meta),
+            Kind::Version(v) => {
+                inner.version.store(v.version, Relaxed);
+                self.learner = Learner {
+                    lineage: v.lineage,
+                    lost: v.groups_lost_to_rollback,
+                    rebase_consumed: v.rebase_retired,
+                    rebase_version: v.rebase_version,
+                };
+            }
+            Kind::Rollout(w) => self.rollout(inner, w),
+            Kind::Ready(rd) => self.ready(inner, rd),
+            Kind::Sampled(s) => {
+                for u in s.uses {
+                    if let Some((_, used)) = self.ready.get_mut(&u.group_id) {
+                        *used = (*used).max(u.use_count);
+                        if *used >= inner.uses_per_group {
+                            self.ready.remove(&u.group_id);
+                            self.consumed = self.consumed.saturating_add(1);
+                        }
+                    }
+                }
+            }
+            Kind::Evicted(e) => self.evicted(inner, e),
+            Kind::Tombstone(t) => {
+                inner
+                    .groups
+                    .entry(t.group_id)
+                    .or_insert_with(|| GroupEntry::Sealed(t.rollout_ids));
+            }
+        }
+    }
+
+    /// A compaction snapshot's header: everything counted before it.
+    fn meta(&mut self, inner: &Inner, meta: walpb::Meta) {
+        inner.version.store(meta.learner_version, Relaxed);
+        self.consumed = meta.retired_groups;
+        self.next_sequence = self.next_sequence.max(meta.next_sequence);
+        for (label, n) in &meta.evictions {
+            if let Some(r) = EvictReason::from_label(label) {
+                inner.counters.evictions[r.index()].store(*n, Relaxed);
+            }
+        }
+        self.learner = Learner {
+            lineage: meta.lineage,
+            lost: meta.groups_lost_to_rollback,
+            rebase_consumed: meta.rebase_retired,
+            rebase_version: meta.rebase_version,
+        };
+    }
+
+    fn rollout(&mut self, inner: &Inner, w: bapo_proto::v1::Rollout) {
+        let r = match wire::rollout_from_wire(w) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("skipping unreadable logged rollout: {}", e.reason);
+                return;
+            }
+        };
+        match inner.groups.entry(r.group_id.clone()) {
+            Entry::Vacant(v) => {
+                v.insert(GroupEntry::Pending(PendingGroup::new(r, self.now)));
+            }
+            Entry::Occupied(mut o) => {
+                if let GroupEntry::Pending(p) = o.get_mut()
+                    && !p.contains(&r.id)
+                {
+                    p.add(r);
+                }
+            }
+        }
+    }
+
+    fn ready(&mut self, inner: &Inner, rd: walpb::Ready) {
+        self.next_sequence = self.next_sequence.max(rd.sequence.saturating_add(1));
+        if let Some(mut slot) = inner.groups.get_mut(&rd.group_id)
+            && let Some(p) = slot.seal()
+        {
+            let g = ReadyGroup {
+                id: rd.group_id.clone(),
+                members: p.members,
+                oldest_version: p.oldest_version,
+                sequence: rd.sequence,
+                bytes: p.bytes,
+            };
+            self.ready.insert(rd.group_id, (g, 0));
+        }
+    }
+
+    fn evicted(&mut self, inner: &Inner, e: walpb::Evicted) {
+        let reason = EvictReason::from_label(&e.reason);
+        for id in e.group_ids {
+            let was_ready = self.ready.remove(&id).is_some();
+            let was_pending = inner
+                .groups
+                .get_mut(&id)
+                .is_some_and(|mut slot| slot.seal().is_some());
+            if let Some(r) = reason
+                && (was_ready || was_pending)
+            {
+                inner.counters.evictions[r.index()].fetch_add(1, Relaxed);
+            }
+        }
+    }
 }
 
 /// The learner's books as the log states them.
@@ -69,110 +201,18 @@ impl Learner {
 impl Inner {
     /// Rebuilds the state from log records (see `wal.rs` on idempotence).
     pub(super) fn replay(&self, records: Vec<walpb::Record>) {
-        let mut ready: HashMap<String, (ReadyGroup, u32)> = HashMap::new();
-        let mut consumed = 0u64;
-        let mut next_sequence = 0u64;
-        // The learner's books as of the last Meta or Version record.
-        let mut learner = Learner::default();
-        let now = Instant::now();
         let n_records = records.len();
-        for rec in records {
-            match rec.kind {
-                Some(Kind::Meta(meta)) => {
-                    self.version.store(meta.learner_version, Relaxed);
-                    consumed = meta.retired_groups;
-                    next_sequence = next_sequence.max(meta.next_sequence);
-                    for (label, n) in &meta.evictions {
-                        if let Some(r) = EvictReason::from_label(label) {
-                            self.counters.evictions[r.index()].store(*n, Relaxed);
-                        }
-                    }
-                    learner = Learner {
-                        lineage: meta.lineage,
-                        lost: meta.groups_lost_to_rollback,
-                        rebase_consumed: meta.rebase_retired,
-                        rebase_version: meta.rebase_version,
-                    };
-                }
-                Some(Kind::Version(v)) => {
-                    self.version.store(v.version, Relaxed);
-                    learner = Learner {
-                        lineage: v.lineage,
-                        lost: v.groups_lost_to_rollback,
-                        rebase_consumed: v.rebase_retired,
-                        rebase_version: v.rebase_version,
-                    };
-                }
-                Some(Kind::Rollout(w)) => {
-                    let r = match wire::rollout_from_wire(w) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            tracing::warn!("skipping unreadable logged rollout: {}", e.reason);
-                            continue;
-                        }
-                    };
-                    match self.groups.entry(r.group_id.clone()) {
-                        Entry::Vacant(v) => {
-                            v.insert(GroupEntry::Pending(PendingGroup::new(r, now)));
-                        }
-                        Entry::Occupied(mut o) => {
-                            if let GroupEntry::Pending(p) = o.get_mut()
-                                && !p.contains(&r.id)
-                            {
-                                p.add(r);
-                            }
-                        }
-                    }
-                }
-                Some(Kind::Ready(rd)) => {
-                    next_sequence = next_sequence.max(rd.sequence.saturating_add(1));
-                    if let Some(mut slot) = self.groups.get_mut(&rd.group_id)
-                        && let Some(p) = slot.seal()
-                    {
-                        let g = ReadyGroup {
-                            id: rd.group_id.clone(),
-                            members: p.members,
-                            oldest_version: p.oldest_version,
-                            sequence: rd.sequence,
-                            bytes: p.bytes,
-                        };
-                        ready.insert(rd.group_id, (g, 0));
-                    }
-                }
-                Some(Kind::Sampled(s)) => {
-                    for u in s.uses {
-                        if let Some((_, used)) = ready.get_mut(&u.group_id) {
-                            *used = (*used).max(u.use_count);
-                            if *used >= self.uses_per_group {
-                                ready.remove(&u.group_id);
-                                consumed = consumed.saturating_add(1);
-                            }
-                        }
-                    }
-                }
-                Some(Kind::Evicted(e)) => {
-                    let reason = EvictReason::from_label(&e.reason);
-                    for id in e.group_ids {
-                        let was_ready = ready.remove(&id).is_some();
-                        let was_pending = self
-                            .groups
-                            .get_mut(&id)
-                            .is_some_and(|mut slot| slot.seal().is_some());
-                        if let Some(r) = reason
-                            && (was_ready || was_pending)
-                        {
-                            self.counters.evictions[r.index()].fetch_add(1, Relaxed);
-                        }
-                    }
-                }
-                Some(Kind::Tombstone(t)) => {
-                    self.groups
-                        .entry(t.group_id)
-                        .or_insert_with(|| GroupEntry::Sealed(t.rollout_ids));
-                }
-                None => {}
-            }
+        let mut log = Replayed::new();
+        for kind in records.into_iter().filter_map(|r| r.kind) {
+            log.apply(self, kind);
         }
+        let Replayed {
+            ready,
+            consumed,
+            next_sequence,
+            learner,
+            ..
+        } = log;
         // Groups whose last member landed but whose ready record did not.
         let complete: Vec<String> = self
             .groups
@@ -185,6 +225,33 @@ impl Inner {
             })
             .collect();
         let mut store = self.ready.lock();
+        let ready_bytes = self.install_ready(&mut store, ready, next_sequence, complete);
+        let (pending, pending_bytes) = self.count_pending_and_tombstones();
+        self.restore_ledger(&store, consumed, pending, &learner);
+        let incarnation = learner.restore(self);
+        self.pending.store(pending, Relaxed);
+        self.bytes
+            .store(ready_bytes.saturating_add(pending_bytes), Relaxed);
+        tracing::info!(
+            records = n_records,
+            ready = store.len(),
+            pending,
+            consumed,
+            version = self.version.load(Relaxed),
+            incarnation = format!("{incarnation:016x}"),
+            "replayed write-ahead log"
+        );
+    }
+
+    /// Fills the ready store: the logged ready groups in sequence order,
+    /// then `complete` pending groups sealed now. Returns their bytes.
+    fn install_ready(
+        &self,
+        store: &mut ReadyStore,
+        ready: HashMap<String, (ReadyGroup, u32)>,
+        next_sequence: u64,
+        complete: Vec<String>,
+    ) -> u64 {
         let mut ready: Vec<_> = ready.into_values().collect();
         ready.sort_by_key(|(g, _)| g.sequence);
         store.next_sequence = next_sequence;
@@ -222,7 +289,12 @@ impl Inner {
                 );
             }
         }
-        let mut pending = 0;
+        bytes
+    }
+
+    /// Pending groups and their bytes; sealed ids become tombstones.
+    fn count_pending_and_tombstones(&self) -> (u64, u64) {
+        let (mut pending, mut bytes) = (0u64, 0u64);
         let mut tombstones = self.tombstones.lock();
         for e in self.groups.iter() {
             match e.value() {
@@ -233,14 +305,19 @@ impl Inner {
                 GroupEntry::Sealed(_) => tombstones.push_back(e.key().clone()),
             }
         }
+        (pending, bytes)
+    }
+
+    /// The admission ledger implied by what was replayed: every admitted
+    /// group is consumed, evicted or held. Saturating throughout: the
+    /// counts come from the log, and a damaged one must not panic the
+    /// buffer.
+    fn restore_ledger(&self, store: &ReadyStore, consumed: u64, pending: u64, learner: &Learner) {
         let held = pending + store.len() as u64;
-        // Saturating throughout: the counts come from the log, and a damaged
-        // one must not panic the buffer.
         let samples = store
             .iter()
             .fold(0u64, |n, (_, u)| n.saturating_add(u64::from(*u)))
             .saturating_add(consumed.saturating_mul(u64::from(self.uses_per_group)));
-        // Every admitted group is consumed, evicted or held.
         let evicted =
             (self.counters.evictions.iter()).fold(0u64, |n, e| n.saturating_add(e.load(Relaxed)));
         *self.ledger.lock() = Ledger {
@@ -254,18 +331,6 @@ impl Inner {
             rebase_consumed: learner.rebase_consumed,
             rebase_version: learner.rebase_version,
         };
-        let incarnation = learner.restore(self);
-        self.pending.store(pending, Relaxed);
-        self.bytes.store(bytes, Relaxed);
-        tracing::info!(
-            records = n_records,
-            ready = store.len(),
-            pending,
-            consumed,
-            version = self.version.load(Relaxed),
-            incarnation = format!("{incarnation:016x}"),
-            "replayed write-ahead log"
-        );
     }
 
     /// The live state as log records, for compaction. See the module docs of
