@@ -527,14 +527,7 @@ impl Trainer {
         let max = self.model_config.max_position_embeddings;
         let vocab = self.model_config.vocab_size;
         let mut rows = Vec::new();
-        let mut skel = TokenBatch {
-            advantages: Vec::new(),
-            logp: Vec::new(),
-            logp_old: Vec::new(),
-            logp_behav: None,
-            mask: Vec::new(),
-            seq_ids: Vec::new(),
-        };
+        let mut skel = TokenBatch::default();
         let mut behav = Vec::new();
         let (mut stale, mut lens, mut all_rewards) = (Vec::new(), Vec::new(), Vec::new());
         for (g, a) in groups.iter().zip(&adv.groups) {

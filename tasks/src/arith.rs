@@ -5,12 +5,10 @@
 //! ASCII with no spaces or newlines, and the reference solution is just the
 //! answer, so warm-up sequences stay a dozen tokens long.
 
-use std::collections::HashSet;
-
+use rand::Rng;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 
-use super::{Problem, StableHasher, Task, TaskError, check_difficulty};
+use super::{Problem, StableHasher, Task, TaskError, check_difficulty, generated};
 
 /// The highest level: its operands still fit a `u64` (19 digits).
 pub const MAX_LEVEL: u32 = 18;
@@ -24,10 +22,6 @@ const EVAL_SEED: u64 = 0x6172_6974_685f_6576; // "arith_ev"
 
 /// A problem is held out when its hash is 0 mod this: a tenth of them.
 const HELD_OUT_MODULUS: u64 = 10;
-
-/// `eval_problems` gives up after this many draws in a row find nothing new:
-/// the held-out pool of a low level is finite (about 2,000 at level 1).
-const EVAL_STALL: usize = 100_000;
 
 /// The arithmetic task at one difficulty level:
 ///
@@ -152,35 +146,25 @@ impl Task for Arith {
     }
 
     fn train_problem(&self, index: u64) -> Problem {
-        let key = StableHasher::new(TRAIN_KEY)
-            .word(self.seed)
-            .word(index)
-            .finish();
-        let mut rng = SmallRng::seed_from_u64(key);
-        let question = loop {
-            let q = self.draw(&mut rng);
-            if !q.held_out() {
-                break q;
-            }
-        };
-        question.problem(format!("arith{}-s{}-{index}", self.level, self.seed))
+        let item = generated::train_item(
+            TRAIN_KEY,
+            self.seed,
+            index,
+            |rng| self.draw(rng),
+            |x| x.held_out(),
+        );
+        item.problem(format!("arith{}-s{}-{index}", self.level, self.seed))
     }
 
     fn eval_problems(&self, n: usize) -> Vec<Problem> {
-        let mut rng = SmallRng::seed_from_u64(EVAL_SEED);
-        let mut seen = HashSet::new();
-        let mut problems = Vec::new();
-        let mut stale = 0;
-        while problems.len() < n && stale < EVAL_STALL {
-            let q = self.draw(&mut rng);
-            if q.held_out() && seen.insert(q) {
-                problems.push(q.problem(format!("arith{}-eval-{}", self.level, problems.len())));
-                stale = 0;
-            } else {
-                stale += 1;
-            }
-        }
-        problems
+        let items =
+            generated::held_out_items(EVAL_SEED, n, |rng| self.draw(rng), |x| x.held_out(), |q| *q);
+        let name = |i: usize| format!("arith{}-eval-{i}", self.level);
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| x.problem(name(i)))
+            .collect()
     }
 
     /// 1 for exactly the answer, surrounding whitespace aside: `+82`,
@@ -211,6 +195,8 @@ impl Task for Arith {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     fn task(seed: u64, level: u32) -> Arith {

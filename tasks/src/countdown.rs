@@ -8,14 +8,12 @@
 //! division by zero, a stray character, too long, too deep) earns 0, so a
 //! policy cannot find reward in the verifier's corners.
 
-use std::collections::HashSet;
-
+use rand::Rng;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 
 use crate::expr::Op;
 pub use crate::expr::{Evaluation, ExprError, MAX_DEPTH, MAX_LEN, Ratio, evaluate, evaluate_claim};
-use crate::{Problem, StableHasher, Task, TaskError, check_difficulty};
+use crate::{Problem, StableHasher, Task, TaskError, check_difficulty, generated};
 
 /// Level 1: three numbers in 1..=20; level 2 and up: four in 1..=100.
 pub const MAX_LEVEL: u32 = u32::MAX;
@@ -24,7 +22,6 @@ const HELD_OUT_KEY: u64 = 0x636f_756e_745f_686f; // "count_ho"
 const TRAIN_KEY: u64 = 0x636f_756e_745f_7472; // "count_tr"
 const EVAL_SEED: u64 = 0x636f_756e_745f_6576; // "count_ev"
 const HELD_OUT_MODULUS: u64 = 10;
-const EVAL_STALL: usize = 100_000;
 
 /// The countdown task at one difficulty level.
 #[derive(Debug, Clone)]
@@ -209,39 +206,30 @@ impl Task for Countdown {
     }
 
     fn train_problem(&self, index: u64) -> Problem {
-        let key = StableHasher::new(TRAIN_KEY)
-            .word(self.seed)
-            .word(index)
-            .finish();
-        let mut rng = SmallRng::seed_from_u64(key);
-        let puzzle = loop {
-            let p = self.draw(&mut rng);
-            if !p.held_out() {
-                break p;
-            }
-        };
-        puzzle.problem(format!("countdown{}-s{}-{index}", self.level, self.seed))
+        let item = generated::train_item(
+            TRAIN_KEY,
+            self.seed,
+            index,
+            |rng| self.draw(rng),
+            |x| x.held_out(),
+        );
+        item.problem(format!("countdown{}-s{}-{index}", self.level, self.seed))
     }
 
     fn eval_problems(&self, n: usize) -> Vec<Problem> {
-        let mut rng = SmallRng::seed_from_u64(EVAL_SEED);
-        let mut seen = HashSet::new();
-        let mut problems = Vec::new();
-        let mut stale = 0;
-        while problems.len() < n && stale < EVAL_STALL {
-            let p = self.draw(&mut rng);
-            if p.held_out() && seen.insert(p.key()) {
-                problems.push(p.problem(format!(
-                    "countdown{}-eval-{}",
-                    self.level,
-                    problems.len()
-                )));
-                stale = 0;
-            } else {
-                stale += 1;
-            }
-        }
-        problems
+        let items = generated::held_out_items(
+            EVAL_SEED,
+            n,
+            |rng| self.draw(rng),
+            |x| x.held_out(),
+            |p| p.key(),
+        );
+        let name = |i: usize| format!("countdown{}-eval-{i}", self.level);
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| x.problem(name(i)))
+            .collect()
     }
 
     /// 1 when the completion reaches the answer with the prompt's numbers.
@@ -269,6 +257,8 @@ impl Task for Countdown {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     #[test]

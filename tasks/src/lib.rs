@@ -27,6 +27,7 @@ pub mod arith;
 pub mod countdown;
 pub mod dataset;
 pub mod expr;
+mod generated;
 pub mod jsonl;
 pub mod latex;
 pub mod math;

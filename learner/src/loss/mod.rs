@@ -44,7 +44,7 @@ impl LossError {
 
 /// The tokens of one optimiser step (or micro-batch), flattened: every
 /// vector has one entry per token.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TokenBatch {
     pub advantages: Vec<f64>,
     /// `lp_θ`: log-prob under the policy being trained.

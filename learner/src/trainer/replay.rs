@@ -263,14 +263,7 @@ fn stored(t: u64, p: &Prepared, row: &Row) -> Stored {
 /// `lp_old` anchors the ratio, their recalibrated advantage weighs it.
 fn prepare_replay(items: &[Replay]) -> Prepared {
     let mut rows = Vec::new();
-    let mut skel = TokenBatch {
-        advantages: Vec::new(),
-        logp: Vec::new(),
-        logp_old: Vec::new(),
-        logp_behav: None,
-        mask: Vec::new(),
-        seq_ids: Vec::new(),
-    };
+    let mut skel = TokenBatch::default();
     for (i, r) in items.iter().enumerate() {
         let s = &r.stored;
         rows.push(Row {
