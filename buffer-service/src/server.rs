@@ -4,12 +4,13 @@
 use std::{future::Future, time::Duration};
 
 use bapo_proto::{
-    FILE_DESCRIPTOR_SET,
+    standard,
     tls::ServerSecurity,
     transport,
     v1::{batch_source_server::BatchSourceServer, rollout_sink_server::RolloutSinkServer},
 };
 use tokio::net::TcpListener;
+use tonic::server::NamedService;
 
 use crate::{
     Buffer,
@@ -40,20 +41,12 @@ pub async fn serve_with(
     security: ServerSecurity,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<RolloutSinkServer<RolloutSinkService>>()
-        .await;
-    health
-        .set_serving::<BatchSourceServer<BatchSourceService>>()
-        .await;
-    health
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    let (health, health_service) = standard::health(&[
+        <RolloutSinkServer<RolloutSinkService> as NamedService>::NAME,
+        <BatchSourceServer<BatchSourceService> as NamedService>::NAME,
+    ])
+    .await;
+    let reflection = standard::reflection()?;
     // Oversize rollouts are refused one by one by the core (naming the
     // rollout); the transport limit is only the backstop above that.
     let decode_limit = buffer

@@ -4,7 +4,7 @@
 use std::{future::Future, pin::Pin};
 
 use bapo_proto::{
-    FILE_DESCRIPTOR_SET,
+    standard,
     tls::{self, ServerSecurity},
     transport,
     v1::{
@@ -16,7 +16,7 @@ use bapo_proto::{
 use metrics::{gauge, histogram};
 use tokio::{net::TcpListener, sync::mpsc};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, server::NamedService};
 
 use crate::{
     broadcast::{Published, WeightHub},
@@ -179,17 +179,9 @@ pub async fn serve_with(
     security: ServerSecurity,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<WeightSourceServer<WeightSourceService>>()
-        .await;
-    health
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    let (_health, health_service) =
+        standard::health(&[<WeightSourceServer<WeightSourceService> as NamedService>::NAME]).await;
+    let reflection = standard::reflection()?;
     // Shared limits: silent or garbage connections cannot crowd out the
     // actors (bapo_proto::transport says what each one defends against).
     let incoming = transport::guarded_with(listener, transport::Guard::default(), &security);

@@ -3,11 +3,13 @@
 //! per-token arrays, and [`transport`], the connection settings and guard
 //! every bapo server shares, [`tls`], mutual TLS with per-role
 //! authorization for servers and clients, [`deadline`], the caller's
-//! gRPC deadline, and [`lineage`], the learner's history both sides check. Services and cores live in the crates that own them.
+//! gRPC deadline, [`lineage`], the learner's history both sides check, and
+//! [`standard`], the health and reflection services every server carries. Services and cores live in the crates that own them.
 
 pub mod deadline;
 pub mod lineage;
 pub mod packed;
+pub mod standard;
 pub mod tls;
 pub mod transport;
 
