@@ -11,13 +11,13 @@ use bapo_actor::{
     subscription::{self, Assembly},
 };
 use bapo_buffer::BufferConfig;
-use bapo_learner::{LearnerConfig, broadcast::WeightHub, checkpoint};
+use bapo_learner::{broadcast::WeightHub, checkpoint};
 use bapo_policy::{Policy, burn::prelude::*};
 use bapo_proto::{
     packed,
     v1::{SampleRequest, StatsRequest, WeightUpdate},
 };
-use common::{TestBuffer, actor_config, tiny, weight_server};
+use common::{Loop, TestBuffer, actor_config, tiny, weight_server};
 use tokio::sync::watch;
 
 fn logits(p: &Policy) -> Vec<f32> {
@@ -42,27 +42,16 @@ fn start_actor(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn learner_advances_and_the_actor_follows_its_weights() {
-    let buffer = TestBuffer::start(BufferConfig {
+    let lp = Loop::start(BufferConfig {
         group_size: 4,
         batch_groups: 2,
         max_staleness: 2,
         ..Default::default()
     })
     .await;
-    let buffer_url = format!("http://{}", buffer.addr);
-    let hub = WeightHub::new();
-    let (learner_url, _stop_server) = weight_server(hub.clone()).await;
-    let out = tempfile::tempdir().unwrap();
-    let cfg = LearnerConfig {
-        batch_groups: 2,
-        steps: 3,
-        lr: 1e-3,
-        eval_every: 0,
-        checkpoint_every: 0,
-        ..Default::default()
-    };
-    let learner = common::spawn_learner(cfg, hub.clone(), &buffer_url, out.path());
-    let (actor, stop_actor) = start_actor(actor_config(4), buffer_url, learner_url.clone());
+    let (buffer, learner_url, out) = (&lp.buffer, lp.learner_url.clone(), &lp.out);
+    let learner = lp.spawn_learner(lp.learner_config(2, 3));
+    let (actor, stop_actor) = common::spawn_actor(actor_config(4), lp.actor_options("test-actor"));
 
     let summary = tokio::time::timeout(Duration::from_secs(120), learner)
         .await

@@ -22,12 +22,12 @@ use bapo_actor::{
     subscription::Versioned,
 };
 use bapo_buffer::BufferConfig;
-use bapo_learner::{LearnerConfig, broadcast::WeightHub};
+use bapo_learner::LearnerConfig;
 use bapo_proto::v1::{
     Stats, StatsRequest, batch_source_client::BatchSourceClient,
     rollout_sink_client::RolloutSinkClient,
 };
-use common::{TestBuffer, actor_config, actor_options, spawn_actor, spawn_learner, weight_server};
+use common::{Loop as LoopKit, TestBuffer, actor_config, spawn_actor};
 use tokio::sync::watch;
 
 /// Learner steps of the synchronous loops.
@@ -44,7 +44,7 @@ fn stale_groups(s: &Stats) -> f64 {
 /// A max_staleness = 0 loop: a buffer, a learner of `STEPS` steps of two
 /// groups, two actors (leasing or not); the buffer's books at the end.
 async fn synchronous_loop(lease: bool) -> Stats {
-    let buffer = TestBuffer::start(BufferConfig {
+    let lp = LoopKit::start(BufferConfig {
         group_size: GROUP as u32,
         min_group_size: 2,
         batch_groups: 2,
@@ -52,24 +52,17 @@ async fn synchronous_loop(lease: bool) -> Stats {
         ..Default::default()
     })
     .await;
-    let buffer_url = format!("http://{}", buffer.addr);
-    let hub = WeightHub::new();
-    let (learner_url, _stop_server) = weight_server(hub.clone()).await;
-    let out = tempfile::tempdir().unwrap();
+    let buffer = &lp.buffer;
     let cfg = LearnerConfig {
-        batch_groups: 2,
-        steps: STEPS,
         lr: 1e-4,
-        eval_every: 0,
-        checkpoint_every: 0,
-        ..Default::default()
+        ..lp.learner_config(2, STEPS)
     };
-    let learner = spawn_learner(cfg, hub, &buffer_url, out.path());
+    let learner = lp.spawn_learner(cfg);
     let mut actors = Vec::new();
     for id in ["a0", "a1"] {
         let mut c = actor_config(GROUP);
         c.lease = lease;
-        actors.push(spawn_actor(c, actor_options(&buffer_url, &learner_url, id)));
+        actors.push(spawn_actor(c, lp.actor_options(id)));
     }
     let summary = tokio::time::timeout(Duration::from_secs(180), learner)
         .await

@@ -18,7 +18,7 @@ use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 use bapo_actor::ActorOptions;
 use bapo_buffer::{Buffer, BufferConfig};
 use bapo_learner::{LearnerConfig, Trainer, broadcast::WeightHub, run::RunOptions, server};
-use bapo_policy::{ModelConfig, Policy, burn::prelude::*, tokenizer::TextTokenizer};
+use bapo_policy::{burn::prelude::*, tokenizer::TextTokenizer};
 use bapo_proto::{
     tls::{
         self, AuthChannel, ClientTls, ClientToken, Role, ServerFiles, ServerSecurity, ServerTls,
@@ -330,11 +330,7 @@ async fn a_long_lived_client_follows_its_renewed_certificate() {
     assert_eq!(ack.accepted, 2, "{ack:?}");
 }
 
-fn tiny(seed: u64) -> Policy {
-    let device = Device::flex();
-    device.seed(seed);
-    Policy::init(ModelConfig::preset("tiny").unwrap(), &device)
-}
+use bapo_policy::testing::tiny_policy as tiny;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_certificate_is_served_without_breaking_a_weight_stream() {

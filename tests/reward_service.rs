@@ -11,9 +11,8 @@ use std::{path::Path, process::Stdio, time::Duration};
 
 use bapo_actor::{ActorOptions, reward::RewardConfig};
 use bapo_buffer::BufferConfig;
-use bapo_learner::{LearnerConfig, broadcast::WeightHub};
 use bapo_proto::v1::{SampleRequest, StatsRequest};
-use common::{TestBuffer, actor_config, weight_server};
+use common::{Loop, TestBuffer, actor_config};
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
     process::{Child, Command},
@@ -65,26 +64,15 @@ async fn wait_until(what: &str, secs: u64, mut f: impl AsyncFnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_loop_runs_on_a_python_reward_server_that_dies_and_comes_back() {
     let (mut python, addr) = reward_server("127.0.0.1:0").await;
-    let buffer = TestBuffer::start(BufferConfig {
+    let lp = Loop::start(BufferConfig {
         group_size: 4,
         batch_groups: 1,
         max_staleness: 4,
         ..Default::default()
     })
     .await;
-    let buffer_url = format!("http://{}", buffer.addr);
-    let hub = WeightHub::new();
-    let (learner_url, _stop_server) = weight_server(hub.clone()).await;
-    let out = tempfile::tempdir().unwrap();
-    let cfg = LearnerConfig {
-        batch_groups: 1,
-        steps: 1_000_000,
-        lr: 1e-3,
-        eval_every: 0,
-        checkpoint_every: 0,
-        ..Default::default()
-    };
-    let learner = common::spawn_learner(cfg, hub, &buffer_url, out.path());
+    let buffer = &lp.buffer;
+    let learner = lp.spawn_learner(lp.learner_config(1, 1_000_000));
     let (actor, stop_actor) = common::spawn_actor(
         actor_config(4),
         ActorOptions {
@@ -95,7 +83,7 @@ async fn the_loop_runs_on_a_python_reward_server_that_dies_and_comes_back() {
                 backoff_ms: 100,
                 ..Default::default()
             },
-            ..common::actor_options(&buffer_url, &learner_url, "scored-remotely")
+            ..lp.actor_options("scored-remotely")
         },
     );
 
@@ -133,10 +121,10 @@ async fn the_loop_runs_on_a_python_reward_server_that_dies_and_comes_back() {
     // before may still land in the first second).
     python.kill().await.unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let before = admitted(&buffer).await;
+    let before = admitted(buffer).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
-        admitted(&buffer).await,
+        admitted(buffer).await,
         before,
         "a group was admitted unscored"
     );
@@ -145,7 +133,7 @@ async fn the_loop_runs_on_a_python_reward_server_that_dies_and_comes_back() {
     let (_python, again) = reward_server(&addr).await;
     assert_eq!(again, addr);
     wait_until("groups after the restart", 180, async || {
-        admitted(&buffer).await >= before + 2
+        admitted(buffer).await >= before + 2
     })
     .await;
 

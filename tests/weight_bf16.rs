@@ -22,7 +22,7 @@ use bapo_policy::{
     weights::{Encoding, WeightsHeader},
 };
 use bapo_proto::v1::{StatsRequest, WeightUpdate};
-use common::{TestBuffer, actor_config, tiny, weight_server};
+use common::{Loop, actor_config, tiny, weight_server};
 use half::bf16;
 use tokio::sync::watch;
 
@@ -200,32 +200,22 @@ fn a_flipped_bit_in_a_bf16_header_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_learner_broadcasting_bf16_trains_and_its_actor_follows() {
-    let buffer = TestBuffer::start(BufferConfig {
+    let lp = Loop::start(BufferConfig {
         group_size: 4,
         batch_groups: 2,
         max_staleness: 2,
         ..Default::default()
     })
     .await;
-    let buffer_url = format!("http://{}", buffer.addr);
-    let hub = WeightHub::new();
-    let (learner_url, _stop_server) = weight_server(hub.clone()).await;
-    let out = tempfile::tempdir().unwrap();
+    let (buffer, hub, out) = (&lp.buffer, &lp.hub, &lp.out);
+    let learner_url = lp.learner_url.clone();
     let cfg = LearnerConfig {
-        batch_groups: 2,
-        steps: 2,
-        lr: 1e-3,
-        eval_every: 0,
-        checkpoint_every: 0,
         broadcast_dtype: "bf16".into(),
-        ..Default::default()
+        ..lp.learner_config(2, 2)
     };
     cfg.validate().unwrap();
-    let learner = common::spawn_learner(cfg, hub.clone(), &buffer_url, out.path());
-    let (actor, stop_actor) = common::spawn_actor(
-        actor_config(4),
-        common::actor_options(&buffer_url, &learner_url, "bf16-actor"),
-    );
+    let learner = lp.spawn_learner(cfg);
+    let (actor, stop_actor) = common::spawn_actor(actor_config(4), lp.actor_options("bf16-actor"));
 
     let summary = tokio::time::timeout(Duration::from_secs(120), learner)
         .await

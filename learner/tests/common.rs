@@ -3,13 +3,10 @@
 #![allow(dead_code)]
 
 use bapo_learner::{LearnerConfig, TrainGroup, rollouts::Sequence};
-use bapo_policy::{ModelConfig, Policy, burn::prelude::*};
+use bapo_policy::Policy;
 
-pub fn tiny_policy(seed: u64) -> Policy {
-    let device = Device::flex();
-    device.seed(seed);
-    Policy::init(ModelConfig::preset("tiny").expect("preset"), &device)
-}
+#[allow(unused_imports)] // not every test binary uses it
+pub use bapo_policy::testing::tiny_policy;
 
 /// Log-probs of `response` after `prompt` under `policy`.
 pub fn logprobs(policy: &Policy, prompt: &[u32], response: &[u32]) -> Vec<f32> {

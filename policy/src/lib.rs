@@ -20,6 +20,8 @@ pub mod policy;
 pub mod rope;
 pub mod sampling;
 pub mod spec;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tokenizer;
 pub mod weights;
 

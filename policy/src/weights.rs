@@ -427,10 +427,8 @@ mod tests {
     }
 
     fn tiny() -> (ModelConfig, Policy) {
-        let device = Device::flex();
-        device.seed(21);
-        let cfg = ModelConfig::preset("tiny").unwrap();
-        (cfg.clone(), Policy::init(cfg, &device))
+        let p = crate::testing::tiny_policy(21);
+        (p.config.clone(), p)
     }
 
     /// Encodes as `encoding`, sends the header as bytes, reads it back

@@ -141,13 +141,7 @@ pub fn actor_config(k: usize) -> bapo_actor::ActorConfig {
     }
 }
 
-/// The tiny preset with weights drawn from `seed`.
-pub fn tiny(seed: u64) -> bapo_policy::Policy {
-    use bapo_policy::burn::prelude::*;
-    let device = Device::flex();
-    device.seed(seed);
-    bapo_policy::Policy::init(bapo_policy::ModelConfig::preset("tiny").unwrap(), &device)
-}
+pub use bapo_policy::testing::tiny_policy as tiny;
 
 /// A plaintext weight server for `hub` on a loopback port; stops when the
 /// sender is dropped.
@@ -222,5 +216,60 @@ pub fn actor_options(buffer: &str, learner: &str, id: &str) -> bapo_actor::Actor
         tls: None,
         reward: Default::default(),
         model_dir: None,
+    }
+}
+
+/// The pieces every in-process loop test starts with: a buffer, a weight
+/// hub served on a loopback port, a run directory, and the learner config
+/// they share (tiny model, no evaluation, no periodic checkpoints).
+pub struct Loop {
+    pub buffer: TestBuffer,
+    pub buffer_url: String,
+    pub hub: bapo_learner::broadcast::WeightHub,
+    pub learner_url: String,
+    pub out: tempfile::TempDir,
+    /// Stops the weight server when dropped.
+    _weights: oneshot::Sender<()>,
+}
+
+impl Loop {
+    pub async fn start(buffer: BufferConfig) -> Self {
+        let buffer = TestBuffer::start(buffer).await;
+        let buffer_url = format!("http://{}", buffer.addr);
+        let hub = bapo_learner::broadcast::WeightHub::new();
+        let (learner_url, weights) = weight_server(hub.clone()).await;
+        Self {
+            buffer,
+            buffer_url,
+            hub,
+            learner_url,
+            out: tempfile::tempdir().unwrap(),
+            _weights: weights,
+        }
+    }
+
+    /// `steps` steps of `batch_groups` groups at lr 1e-3, nothing else.
+    pub fn learner_config(&self, batch_groups: u32, steps: u64) -> bapo_learner::LearnerConfig {
+        bapo_learner::LearnerConfig {
+            batch_groups,
+            steps,
+            lr: 1e-3,
+            eval_every: 0,
+            checkpoint_every: 0,
+            ..Default::default()
+        }
+    }
+
+    /// The learner of `cfg` against this loop's buffer and hub.
+    pub fn spawn_learner(
+        &self,
+        cfg: bapo_learner::LearnerConfig,
+    ) -> JoinHandle<anyhow::Result<bapo_learner::run::RunSummary>> {
+        spawn_learner(cfg, self.hub.clone(), &self.buffer_url, self.out.path())
+    }
+
+    /// Actor options pointing at this loop.
+    pub fn actor_options(&self, id: &str) -> bapo_actor::ActorOptions {
+        actor_options(&self.buffer_url, &self.learner_url, id)
     }
 }
