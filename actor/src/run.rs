@@ -83,16 +83,7 @@ pub async fn run(
 ) -> anyhow::Result<ActorSummary> {
     names::describe();
     cfg.validate()?;
-    let stop_tokens: Vec<u32> = cfg
-        .stop
-        .iter()
-        .filter_map(|s| tokenizer.token_id(s))
-        .collect();
-    anyhow::ensure!(
-        !stop_tokens.is_empty(),
-        "none of the stop tokens {:?} is in the tokenizer",
-        cfg.stop
-    );
+    let stop_tokens = tokenizer.stop_ids(&cfg.stop)?;
     let verifier = reward::build(&opts.reward, task.clone(), cfg.shaping.format_bonus)?;
     let channel = tls::connector(&opts.buffer, opts.tls.as_ref())
         .with_context(|| format!("buffer address {:?}", opts.buffer))?

@@ -155,7 +155,24 @@ impl TextTokenizer {
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
+
+    /// The ids of the stop tokens in `names` this tokenizer has (the
+    /// default list covers several model families; each has some); none
+    /// at all is an error naming the list.
+    pub fn stop_ids(&self, names: &[String]) -> Result<Vec<u32>, NoStopToken> {
+        let ids: Vec<u32> = names.iter().filter_map(|s| self.token_id(s)).collect();
+        if ids.is_empty() {
+            return Err(NoStopToken(names.to_vec()));
+        }
+        Ok(ids)
+    }
 }
+
+/// None of the configured stop tokens is in the tokenizer: generation
+/// would never stop before its token limit.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("none of the stop tokens {0:?} is in the tokenizer")]
+pub struct NoStopToken(pub Vec<String>);
 
 #[cfg(test)]
 mod tests {

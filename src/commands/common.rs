@@ -64,15 +64,6 @@ pub fn log_device(spec: &ModelSpec) {
     );
 }
 
-pub fn stop_tokens(tokenizer: &TextTokenizer, names: &[String]) -> anyhow::Result<Vec<u32>> {
-    let ids: Vec<u32> = names.iter().filter_map(|s| tokenizer.token_id(s)).collect();
-    anyhow::ensure!(
-        !ids.is_empty(),
-        "none of the stop tokens {names:?} is in the tokenizer"
-    );
-    Ok(ids)
-}
-
 /// The task `spec` names, its prompts in `tokenizer`'s chat format when
 /// `prompt_format = "chat"` (refused by name when the tokenizer has no
 /// chat template).

@@ -77,7 +77,7 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<EvalResult> {
     let (mut policy, tokenizer) = common::load_model_dir(&args.checkpoint, &device)?;
     policy.model = bapo_policy::weights::for_inference(policy.model, cfg.model.precision);
     let task = common::task(&cfg.task, &tokenizer)?;
-    let stop = common::stop_tokens(&tokenizer, &cfg.actor.stop)?;
+    let stop = tokenizer.stop_ids(&cfg.actor.stop)?;
     let problems = Split::from(args.split).problems(&*task, args.problems);
     let pass = (args.k > 1).then(|| PassAtK {
         k: args.k,

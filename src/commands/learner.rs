@@ -166,7 +166,7 @@ fn start_trainer(
 fn eval_hook(cfg: &ConfigFile, tokenizer: &TextTokenizer) -> anyhow::Result<Option<EvalFn>> {
     // Checked even without an evaluation: a config whose stop tokens the
     // tokenizer lacks is wrong either way.
-    let stop = common::stop_tokens(tokenizer, &cfg.actor.stop)?;
+    let stop = tokenizer.stop_ids(&cfg.actor.stop)?;
     if cfg.learner.eval_every == 0 {
         return Ok(None);
     }

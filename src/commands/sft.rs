@@ -69,7 +69,7 @@ pub fn warm_start(
     let device = cfg.model.burn_device()?;
     let (policy, tokenizer) = cfg.model.load(&device)?;
     let task = common::task(&cfg.task, &tokenizer)?;
-    let stop = common::stop_tokens(&tokenizer, &cfg.actor.stop)?;
+    let stop = tokenizer.stop_ids(&cfg.actor.stop)?;
     let problems = task.eval_problems(eval_problems);
     let max_new = cfg.learner.eval_max_new_tokens;
     let before = evaluate(&policy, &tokenizer, &*task, &problems, max_new, &stop, None);

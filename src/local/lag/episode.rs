@@ -247,8 +247,9 @@ mod tests {
         hf::save(&policy, dir).unwrap();
         tokenizer.save(&dir.join("tokenizer.json")).unwrap();
         let task = common::task(&TaskSpec::default(), &tokenizer).unwrap();
-        let stop =
-            common::stop_tokens(&tokenizer, &bapo_actor::ActorConfig::default().stop).unwrap();
+        let stop = tokenizer
+            .stop_ids(&bapo_actor::ActorConfig::default().stop)
+            .unwrap();
         let sampling = SamplingParams {
             temperature: 1.0,
             max_new_tokens: 4,

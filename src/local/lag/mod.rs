@@ -139,7 +139,7 @@ fn setup(cfg: &ConfigFile, study: &LagStudy, init: &std::path::Path) -> anyhow::
         .load(&device)
         .with_context(|| format!("loading {}", init.display()))?;
     let task = common::task(&cfg.task, &tokenizer)?;
-    let stop = common::stop_tokens(&tokenizer, &cfg.actor.stop)?;
+    let stop = tokenizer.stop_ids(&cfg.actor.stop)?;
     let sampling = SamplingParams {
         stop_tokens: stop.clone(),
         ..cfg.actor.sampling.clone()
