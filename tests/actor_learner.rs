@@ -243,3 +243,27 @@ async fn a_buffer_restart_costs_no_finished_group() {
     );
     assert_eq!(s.rollouts_rejected, 0);
 }
+
+/// A standalone learner and buffer started with different batch sizes: the
+/// learner stops at its first report, naming both values, instead of
+/// training under a staleness bound that means something else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_with_another_batch_size_stops_by_name() {
+    let lp = Loop::start(BufferConfig {
+        group_size: 4,
+        batch_groups: 2,
+        ..Default::default()
+    })
+    .await;
+    let learner = lp.spawn_learner(lp.learner_config(3, 1));
+    let e = tokio::time::timeout(Duration::from_secs(30), learner)
+        .await
+        .expect("the learner stops")
+        .unwrap()
+        .unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains("batch_groups is 3") && msg.contains("buffer's is 2"),
+        "{msg}"
+    );
+}

@@ -195,6 +195,7 @@ impl BatchSource for BatchSourceService {
             version,
             lineage: report.lineage,
             groups_trained: report.groups_trained,
+            batch_groups: report.batch_groups,
         })?;
         Ok(Response::new(VersionAck {
             version,

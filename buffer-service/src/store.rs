@@ -142,6 +142,8 @@ pub struct LearnerReport {
     pub lineage: Vec<Incarnation>,
     /// Group draws the learner's current weights were trained on.
     pub groups_trained: u64,
+    /// The learner's groups per batch; 0: not stated.
+    pub batch_groups: u32,
 }
 
 /// What a version report evicted.
@@ -447,7 +449,19 @@ impl Buffer {
             version,
             lineage,
             groups_trained,
+            batch_groups,
         } = report;
+        // The staleness bound admits (max_staleness + version + 1) batches
+        // of the buffer's size: a learner taking other batches would make
+        // it mean another staleness.
+        if batch_groups != 0 && batch_groups != inner.cfg.batch_groups {
+            return Err(BufferError::InvalidRequest(format!(
+                "version report: the learner's batch_groups is {batch_groups} but the \
+                 buffer's is {} (they must agree: set learner.batch_groups and \
+                 buffer.batch_groups to one value)",
+                inner.cfg.batch_groups
+            )));
+        }
         // A lineage that cannot be a history (forged, or from a broken
         // learner) must not evict or re-base anything: refused by entry.
         let lineage = Lineage::from_wire(&lineage, version)

@@ -176,6 +176,8 @@ struct Session<'o> {
     /// `shutdown` resolved (a signal) while a report was pending: the run
     /// finishes (final checkpoint) without polling it again.
     stopped: bool,
+    /// Stated in every version report: the buffer refuses another size.
+    batch_groups: u32,
 }
 
 impl<'o> Session<'o> {
@@ -214,6 +216,7 @@ impl<'o> Session<'o> {
             idle: 0.0,
             last_eval: None,
             stopped: false,
+            batch_groups: trainer.config().batch_groups,
         })
     }
 
@@ -322,6 +325,7 @@ impl<'o> Session<'o> {
             version,
             lineage: self.provenance.lineage.to_wire(),
             groups_trained: self.provenance.groups_trained,
+            batch_groups: self.batch_groups,
         };
         let mut backoff = Duration::from_millis(100);
         loop {
@@ -336,6 +340,11 @@ impl<'o> Session<'o> {
                     message: s.message().to_string(),
                 }
                 .into());
+            }
+            // Retrying cannot change the answer (batch sizes that differ,
+            // a lineage that is not a history): stop, saying why.
+            if s.code() == Code::InvalidArgument {
+                anyhow::bail!("the buffer refused the version report: {}", s.message());
             }
             tracing::warn!(
                 version,

@@ -567,6 +567,7 @@ fn report(version: u64, lineage: &[Incarnation], groups_trained: u64) -> Learner
         version,
         lineage: lineage.to_vec(),
         groups_trained,
+        batch_groups: 0,
     }
 }
 
@@ -822,4 +823,27 @@ async fn a_forged_lineage_is_refused_and_changes_nothing() {
     assert_eq!(after.learner_incarnation, A);
     assert_eq!(after.groups_ready, before.groups_ready, "nothing evicted");
     assert_eq!(after.admission_limit, before.admission_limit, "no re-base");
+}
+
+/// A learner stating another batch size is refused by name before its
+/// report changes anything; one stating none (0, older learners) or the
+/// buffer's own is taken.
+#[tokio::test]
+async fn a_learner_with_another_batch_size_is_refused_by_name() {
+    let b = Buffer::open(cfg(4, 2, 2)).unwrap();
+    let with = |batch_groups: u32, version: u64| LearnerReport {
+        batch_groups,
+        ..report(version, &[inc(A, 0)], 0)
+    };
+    let e = b.report(with(3, 5)).unwrap_err();
+    assert!(matches!(e, BufferError::InvalidRequest(_)), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("batch_groups is 3") && msg.contains("buffer's is 2"),
+        "{msg}"
+    );
+    assert_eq!(b.learner_version(), 0, "nothing changed");
+    b.report(with(2, 1)).unwrap();
+    b.report(with(0, 2)).unwrap();
+    assert_eq!(b.learner_version(), 2);
 }
