@@ -63,7 +63,8 @@ pub fn describe() {
     );
     describe_gauge!(
         LEARNER_INCARNATION,
-        "1 for the current learner incarnation (label: its id in hex), 0 for earlier ones"
+        "The current learner incarnation id, its low 48 bits (exact as a float; the last 12 \
+         hex digits of the id in the logs); 0 before any"
     );
     describe_counter!(
         LEARNER_INCARNATIONS,
@@ -122,6 +123,12 @@ pub fn describe() {
     );
 }
 
+/// The gauge value of incarnation `id`: its low 48 bits, which an f64
+/// holds exactly.
+pub fn incarnation_value(id: u64) -> f64 {
+    (id & 0xffff_ffff_ffff) as f64
+}
+
 /// Handles registered once, so the hot path increments an atomic instead of
 /// looking a key up in the recorder's registry per rollout. Register after
 /// the exporter is installed (handles made before record nothing).
@@ -155,10 +162,11 @@ pub struct Handles {
 }
 
 impl Handles {
-    /// The info gauge of one learner incarnation (rare: once per learner
-    /// start, so looked up rather than held).
-    pub fn incarnation(&self, id: u64) -> metrics::Gauge {
-        metrics::gauge!(LEARNER_INCARNATION, "incarnation" => format!("{id:016x}"))
+    /// Shows `id` as the current learner incarnation. One series, not one
+    /// per incarnation: a label per id would add a series at every learner
+    /// restart, forever.
+    pub fn set_incarnation(&self, id: u64) {
+        metrics::gauge!(LEARNER_INCARNATION).set(incarnation_value(id));
     }
 
     pub fn register() -> Self {
@@ -190,5 +198,75 @@ impl Handles {
             lease_wait_granted: histogram!(LEASE_WAIT_SECONDS, "outcome" => "granted"),
             lease_wait_not_granted: histogram!(LEASE_WAIT_SECONDS, "outcome" => "not_granted"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        collections::BTreeMap,
+        sync::{Arc, Mutex},
+    };
+
+    use metrics::{
+        Counter, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+
+    use super::*;
+
+    type Series = Arc<Mutex<BTreeMap<String, f64>>>;
+
+    /// Every gauge series set, by name and labels, with its last value.
+    #[derive(Default)]
+    struct Gauges(Series);
+
+    struct One(String, Series);
+
+    impl GaugeFn for One {
+        fn increment(&self, _: f64) {}
+        fn decrement(&self, _: f64) {}
+        fn set(&self, v: f64) {
+            if let Ok(mut m) = self.1.lock() {
+                m.insert(self.0.clone(), v);
+            }
+        }
+    }
+
+    impl Recorder for Gauges {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+            let labels: Vec<String> = key.labels().map(|l| format!("{l:?}")).collect();
+            let id = format!("{}{labels:?}", key.name());
+            Gauge::from_arc(Arc::new(One(id, self.0.clone())))
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    /// Learner restarts must not grow the exposition: one series holds the
+    /// current incarnation, whatever came before.
+    #[test]
+    fn every_incarnation_shares_one_series() {
+        let rec = Gauges::default();
+        metrics::with_local_recorder(&rec, || {
+            let h = Handles::register();
+            for id in [0xA, 0xB, 0x0123_4567_89ab_cdef] {
+                h.set_incarnation(id);
+            }
+        });
+        let got = rec.0.lock().unwrap().clone();
+        let series: Vec<_> = got
+            .iter()
+            .filter(|(k, _)| k.starts_with(LEARNER_INCARNATION))
+            .collect();
+        assert_eq!(series.len(), 1, "{series:?}");
+        assert_eq!(*series[0].1, 0x4567_89ab_cdef_u64 as f64);
+        assert_eq!(incarnation_value(0x4567_89ab_cdef) as u64, 0x4567_89ab_cdef);
     }
 }

@@ -18,7 +18,6 @@ impl Inner {
         let version = self.version.load(Relaxed);
         if let Some(prev) = learner.lineage.current().map(|i| i.id) {
             learner.former.push(prev);
-            self.metrics.incarnation(prev).set(0.0);
         }
         let id = lineage.current_id();
         learner.lineage = lineage;
@@ -31,7 +30,7 @@ impl Inner {
         };
         learner.lost_to_rollback = samples.saturating_sub(groups_trained);
         self.metrics.incarnations.increment(1);
-        self.metrics.incarnation(id).set(1.0);
+        self.metrics.set_incarnation(id);
         self.metrics
             .lost_to_rollback
             .set(learner.lost_to_rollback as f64);

@@ -192,7 +192,7 @@ impl Learner {
         books.lost_to_rollback = self.lost;
         let id = books.lineage.current_id();
         if id != 0 {
-            inner.metrics.incarnation(id).set(1.0);
+            inner.metrics.set_incarnation(id);
         }
         id
     }
