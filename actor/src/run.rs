@@ -296,16 +296,8 @@ impl Slot {
                 || self.groups.load(Ordering::Relaxed) < self.cfg.max_groups)
         {
             let problem = self.task.train_problem(rng.random());
-            let prompt = match self.tokenizer.encode(&problem.prompt) {
-                Ok(p) if !p.is_empty() => p,
-                Ok(_) => {
-                    tracing::warn!(problem = %problem.id, "empty prompt; skipped");
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!(problem = %problem.id, "prompt does not tokenize ({e}); skipped");
-                    continue;
-                }
+            let Some(prompt) = self.prompt(&problem) else {
+                continue;
             };
             // None only while a vLLM engine is down or reloading.
             let Some(start) = self.cell.borrow_and_update().clone() else {
@@ -314,15 +306,11 @@ impl Slot {
                 }
                 continue;
             };
-            let max_positions = start.policy.config.max_position_embeddings;
-            if prompt.len() >= max_positions {
-                counter!(names::PROBLEMS_SKIPPED, "reason" => "prompt_too_long").increment(1);
-                tracing::warn!(
-                    problem = %problem.id,
-                    "prompt of {} tokens leaves no room to respond within the model's \
-                     max_position_embeddings = {max_positions}; skipped",
-                    prompt.len()
-                );
+            if !fits(
+                &problem,
+                &prompt,
+                start.policy.config.max_position_embeddings,
+            ) {
                 continue;
             }
             let group_id = format!("{}-{n}", self.prefix);
@@ -347,55 +335,109 @@ impl Slot {
                 // Dropped and counted by `score_group`; the next problem.
                 continue;
             };
-            let source = self.verifier.name();
-            let packing = Packing {
-                task: self.task.name(),
-                shaping: &self.cfg.shaping,
-                sampling: &params,
-                source: &source,
-            };
             let origin = Origin {
                 group_id: &group_id,
                 actor_id: &self.actor_id,
                 incarnation,
             };
-            let rollouts = pack(&packing, &problem, &prompt, responses, scores, &origin);
+            let rollouts = self.pack(&params, &problem, &prompt, responses, scores, &origin);
             histogram!(names::GROUP_SECONDS).record(t0.elapsed().as_secs_f64());
-            let n_tokens: u64 = rollouts
-                .iter()
-                .map(|r| (r.response_tokens.len() / 4) as u64)
-                .sum();
-            for r in &rollouts {
-                histogram!(names::REWARD).record(r.reward as f64);
-                histogram!(names::RESPONSE_TOKENS).record((r.response_tokens.len() / 4) as f64);
-            }
             // The group's first rollout takes the lease's place.
             drop(lease);
-            let mut client = self.client.clone();
-            let mut abort = self.abort_rx.clone();
-            match self
-                .handle
-                .block_on(push_group(&mut client, &rollouts, &mut abort))
-            {
-                Ok(ack) => {
-                    counter!(names::GROUPS).increment(1);
-                    counter!(names::TOKENS).increment(n_tokens);
-                    self.groups.fetch_add(1, Ordering::Relaxed);
-                    self.tokens.fetch_add(n_tokens, Ordering::Relaxed);
-                    if let Some(v) = self.cell.borrow().as_ref() {
-                        gauge!(names::VERSIONS_BEHIND)
-                            .set(ack.learner_version.saturating_sub(v.version) as f64);
-                    }
-                }
-                Err(e) => {
-                    // Only an abort (shutdown) ends a push unacknowledged.
-                    tracing::warn!("{e}");
-                    return Ok(());
-                }
+            if !self.push(&rollouts) {
+                return Ok(());
             }
         }
         Ok(())
     }
+
+    /// The problem's prompt in tokens; `None` (logged) when it is empty or
+    /// does not tokenize: the slot moves on to the next problem.
+    fn prompt(&self, problem: &Problem) -> Option<Vec<u32>> {
+        match self.tokenizer.encode(&problem.prompt) {
+            Ok(p) if !p.is_empty() => Some(p),
+            Ok(_) => {
+                tracing::warn!(problem = %problem.id, "empty prompt; skipped");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(problem = %problem.id, "prompt does not tokenize ({e}); skipped");
+                None
+            }
+        }
+    }
+
+    /// The scored group as rollouts, with its reward and length metrics.
+    fn pack(
+        &self,
+        params: &SamplingParams,
+        problem: &Problem,
+        prompt: &[u32],
+        responses: Vec<Response>,
+        scores: Vec<reward::Scored>,
+        origin: &Origin<'_>,
+    ) -> Vec<bapo_proto::v1::Rollout> {
+        let source = self.verifier.name();
+        let packing = Packing {
+            task: self.task.name(),
+            shaping: &self.cfg.shaping,
+            sampling: params,
+            source: &source,
+        };
+        let rollouts = pack(&packing, problem, prompt, responses, scores, origin);
+        for r in &rollouts {
+            histogram!(names::REWARD).record(r.reward as f64);
+            histogram!(names::RESPONSE_TOKENS).record((r.response_tokens.len() / 4) as f64);
+        }
+        rollouts
+    }
+
+    /// Pushes a group and counts it; false when the push was aborted (the
+    /// actor is stopping), the only way it ends unacknowledged.
+    fn push(&self, rollouts: &[bapo_proto::v1::Rollout]) -> bool {
+        let n_tokens: u64 = rollouts
+            .iter()
+            .map(|r| (r.response_tokens.len() / 4) as u64)
+            .sum();
+        let mut client = self.client.clone();
+        let mut abort = self.abort_rx.clone();
+        match self
+            .handle
+            .block_on(push_group(&mut client, rollouts, &mut abort))
+        {
+            Ok(ack) => {
+                counter!(names::GROUPS).increment(1);
+                counter!(names::TOKENS).increment(n_tokens);
+                self.groups.fetch_add(1, Ordering::Relaxed);
+                self.tokens.fetch_add(n_tokens, Ordering::Relaxed);
+                if let Some(v) = self.cell.borrow().as_ref() {
+                    gauge!(names::VERSIONS_BEHIND)
+                        .set(ack.learner_version.saturating_sub(v.version) as f64);
+                }
+                true
+            }
+            Err(e) => {
+                tracing::warn!("{e}");
+                false
+            }
+        }
+    }
+}
+
+/// Whether `prompt` leaves room to respond within the model's positions;
+/// a problem that does not is skipped, counted and logged.
+fn fits(problem: &Problem, prompt: &[u32], max_positions: usize) -> bool {
+    if prompt.len() < max_positions {
+        return true;
+    }
+    counter!(names::PROBLEMS_SKIPPED, "reason" => "prompt_too_long").increment(1);
+    tracing::warn!(
+        problem = %problem.id,
+        "prompt of {} tokens leaves no room to respond within the model's \
+         max_position_embeddings = {max_positions}; skipped",
+        prompt.len()
+    );
+    false
 }
 
 /// What a slot's generator made of one problem.
