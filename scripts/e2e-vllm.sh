@@ -38,13 +38,13 @@ if [[ "${BAPO_E2E_SKIP_ENGINE:-0}" != 1 ]]; then
   for dtype in float32 bfloat16; do
     say "engine test, $dtype"
     # --workspace: the features of the README's test build, so nothing rebuilds.
-    BAPO_VLLM_DTYPE=$dtype cargo test -q --workspace --test vllm_engine -- \
+    BAPO_VLLM_DTYPE=$dtype cargo test -q --workspace --features wgpu --test vllm_engine -- \
       --ignored --nocapture 2>&1 | tee "$OUT/engine-$dtype.log" | grep -E 'mismatch|generation,|publish|serving|in-flight|after|test result' >&2
   done
 fi
 
 say "bapo run with a vLLM actor"
-cargo test -q --workspace --no-run 2>/dev/null
+cargo test -q --workspace --features wgpu --no-run 2>/dev/null
 BAPO="$CARGO_TARGET_DIR/debug/bapo"
 "$BAPO" run --quiet --config configs/smollm2-vllm.toml --init "$BAPO_SMOLLM2_DIR" \
   --data "$DATA" --out "$OUT/run" >"$OUT/run.out" 2>"$OUT/run.err" &
