@@ -16,9 +16,7 @@ use std::{
 use bapo_actor::{ActorConfig, ActorOptions};
 use bapo_buffer::BufferConfig;
 use bapo_learner::{broadcast::WeightHub, server};
-use bapo_policy::{
-    ModelConfig, Policy, SamplingParams, burn::prelude::*, tokenizer::TextTokenizer,
-};
+use bapo_policy::{SamplingParams, burn::prelude::*, tokenizer::TextTokenizer};
 use bapo_proto::v1::StatsRequest;
 use bapo_tasks::{Problem, Task};
 use common::TestBuffer;
@@ -78,8 +76,7 @@ async fn services() -> (TestBuffer, String, oneshot::Sender<()>, WeightHub) {
     })
     .await;
     let hub = WeightHub::new();
-    let config = ModelConfig::preset("tiny").unwrap();
-    let p = Policy::init(config.clone(), &Device::flex());
+    let p = common::tiny(5);
     hub.publish(&p.model, &p.config, 0).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use bapo_buffer::BufferConfig;
 use bapo_learner::{broadcast::WeightHub, server};
-use bapo_policy::{ModelConfig, Policy, burn::prelude::*};
 use bapo_proto::{
     transport::HANDSHAKE_TIMEOUT,
     v1::{SubscribeRequest, weight_source_client::WeightSourceClient},
@@ -102,7 +101,7 @@ async fn the_buffer_serves_through_idle_and_garbage_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_weight_stream_serves_through_idle_and_garbage_connections() {
     let hub = WeightHub::new();
-    let p = Policy::init(ModelConfig::preset("tiny").unwrap(), &Device::flex());
+    let p = bapo_policy::testing::tiny_policy(4);
     hub.publish(&p.model, &p.config, 4).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -9,13 +9,11 @@ use bapo_actor::{
     rollout::{Outcome, generate},
     subscription::Versioned,
 };
-use bapo_policy::{ModelConfig, Policy, SamplingParams, burn::prelude::*};
+use bapo_policy::{Policy, SamplingParams, burn::prelude::*};
 
 /// Random weights of `seed`, made on the CPU and moved to `device`.
 fn policy(seed: u64, device: &Device) -> Policy {
-    let cpu = Device::flex();
-    cpu.seed(seed);
-    let p = Policy::init(ModelConfig::preset("tiny").unwrap(), &cpu);
+    let p = bapo_policy::testing::tiny_policy(seed);
     Policy::with_model(p.config, p.model.to_device(device), device)
 }
 

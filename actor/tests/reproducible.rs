@@ -11,18 +11,16 @@ use bapo_actor::{
     run::slot_rng,
     subscription::Versioned,
 };
-use bapo_policy::{ModelConfig, Policy, SamplingParams, burn::prelude::*};
+use bapo_policy::SamplingParams;
 use rand::Rng;
 
 /// What a slot would send for its first `groups` groups: the drawn
 /// problem index, then per response its token ids and log-probs as bits.
 fn rollouts(seed: u64, slot: usize, groups: usize) -> Vec<(u64, Vec<u32>, Vec<u32>)> {
-    let device = Device::flex();
-    device.seed(seed);
     let start = Arc::new(Versioned {
         version: 0,
         incarnation: 1,
-        policy: Policy::init(ModelConfig::preset("tiny").unwrap(), &device),
+        policy: bapo_policy::testing::tiny_policy(seed),
     });
     let mut rng = slot_rng("actor-0", slot, seed, false);
     let mut out = Vec::new();

@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use bapo_actor::subscription::{Assembly, TransferError};
-use bapo_policy::{ModelConfig, Policy, burn::prelude::*, weights};
+use bapo_policy::{burn::prelude::*, weights};
 use bapo_proto::v1::WeightUpdate;
 use proptest::prelude::*;
 
@@ -14,8 +14,8 @@ use proptest::prelude::*;
 fn published() -> &'static (WeightUpdate, Vec<u8>) {
     static P: OnceLock<(WeightUpdate, Vec<u8>)> = OnceLock::new();
     P.get_or_init(|| {
-        let config = ModelConfig::preset("tiny").unwrap();
-        let p = Policy::init(config.clone(), &Device::flex());
+        let p = bapo_policy::testing::tiny_policy(7);
+        let config = p.config.clone();
         let (header, payload) = weights::encode(&p.model, 7).unwrap();
         let update = WeightUpdate {
             version: 7,
