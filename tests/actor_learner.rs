@@ -42,13 +42,7 @@ fn start_actor(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn learner_advances_and_the_actor_follows_its_weights() {
-    let lp = Loop::start(BufferConfig {
-        group_size: 4,
-        batch_groups: 2,
-        max_staleness: 2,
-        ..Default::default()
-    })
-    .await;
+    let lp = Loop::with(4, 2, 2).await;
     let (buffer, learner_url, out) = (&lp.buffer, lp.learner_url.clone(), &lp.out);
     let learner = lp.spawn_learner(lp.learner_config(2, 3));
     let (actor, stop_actor) = common::spawn_actor(actor_config(4), lp.actor_options("test-actor"));
@@ -249,12 +243,7 @@ async fn a_buffer_restart_costs_no_finished_group() {
 /// training under a staleness bound that means something else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_with_another_batch_size_stops_by_name() {
-    let lp = Loop::start(BufferConfig {
-        group_size: 4,
-        batch_groups: 2,
-        ..Default::default()
-    })
-    .await;
+    let lp = Loop::with(4, 2, 4).await;
     let learner = lp.spawn_learner(lp.learner_config(3, 1));
     let e = tokio::time::timeout(Duration::from_secs(30), learner)
         .await

@@ -10,7 +10,6 @@ mod common;
 use std::{path::Path, process::Stdio, time::Duration};
 
 use bapo_actor::{ActorOptions, reward::RewardConfig};
-use bapo_buffer::BufferConfig;
 use bapo_proto::v1::{SampleRequest, StatsRequest};
 use common::{Loop, TestBuffer, actor_config};
 use tokio::{
@@ -64,13 +63,7 @@ async fn wait_until(what: &str, secs: u64, mut f: impl AsyncFnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_loop_runs_on_a_python_reward_server_that_dies_and_comes_back() {
     let (mut python, addr) = reward_server("127.0.0.1:0").await;
-    let lp = Loop::start(BufferConfig {
-        group_size: 4,
-        batch_groups: 1,
-        max_staleness: 4,
-        ..Default::default()
-    })
-    .await;
+    let lp = Loop::with(4, 1, 4).await;
     let buffer = &lp.buffer;
     let learner = lp.spawn_learner(lp.learner_config(1, 1_000_000));
     let (actor, stop_actor) = common::spawn_actor(

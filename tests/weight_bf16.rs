@@ -10,7 +10,6 @@ mod common;
 use std::{sync::Arc, time::Duration};
 
 use bapo_actor::subscription::{self, Assembly, TransferError};
-use bapo_buffer::BufferConfig;
 use bapo_learner::{LearnerConfig, broadcast::WeightHub, checkpoint};
 use bapo_policy::{
     Policy,
@@ -200,13 +199,7 @@ fn a_flipped_bit_in_a_bf16_header_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_learner_broadcasting_bf16_trains_and_its_actor_follows() {
-    let lp = Loop::start(BufferConfig {
-        group_size: 4,
-        batch_groups: 2,
-        max_staleness: 2,
-        ..Default::default()
-    })
-    .await;
+    let lp = Loop::with(4, 2, 2).await;
     let (buffer, hub, out) = (&lp.buffer, &lp.hub, &lp.out);
     let learner_url = lp.learner_url.clone();
     let cfg = LearnerConfig {

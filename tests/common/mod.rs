@@ -248,6 +248,18 @@ impl Loop {
         }
     }
 
+    /// A loop whose buffer has groups of `group_size`, batches of
+    /// `batch_groups` and `max_staleness`, everything else default.
+    pub async fn with(group_size: u32, batch_groups: u32, max_staleness: u64) -> Self {
+        Self::start(BufferConfig {
+            group_size,
+            batch_groups,
+            max_staleness,
+            ..Default::default()
+        })
+        .await
+    }
+
     /// `steps` steps of `batch_groups` groups at lr 1e-3, nothing else.
     pub fn learner_config(&self, batch_groups: u32, steps: u64) -> bapo_learner::LearnerConfig {
         bapo_learner::LearnerConfig {
