@@ -203,64 +203,45 @@ impl Handles {
 
 #[cfg(test)]
 mod tests {
-    use std::{
-        collections::BTreeMap,
-        sync::{Arc, Mutex},
-    };
-
-    use metrics::{
-        Counter, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
-    };
+    use std::collections::BTreeMap;
 
     use super::*;
 
-    type Series = Arc<Mutex<BTreeMap<String, f64>>>;
-
-    /// Every gauge series set, by name and labels, with its last value.
-    #[derive(Default)]
-    struct Gauges(Series);
-
-    struct One(String, Series);
-
-    impl GaugeFn for One {
-        fn increment(&self, _: f64) {}
-        fn decrement(&self, _: f64) {}
-        fn set(&self, v: f64) {
-            if let Ok(mut m) = self.1.lock() {
-                m.insert(self.0.clone(), v);
-            }
-        }
-    }
-
-    impl Recorder for Gauges {
-        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
-            Counter::noop()
-        }
-        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-            let labels: Vec<String> = key.labels().map(|l| format!("{l:?}")).collect();
-            let id = format!("{}{labels:?}", key.name());
-            Gauge::from_arc(Arc::new(One(id, self.0.clone())))
-        }
-        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-            Histogram::noop()
-        }
+    /// Every gauge series recorded while `f` ran: name (with labels) → last value.
+    fn gauges(f: impl FnOnce()) -> BTreeMap<String, f64> {
+        let rec = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = rec.snapshotter();
+        metrics::with_local_recorder(&rec, f);
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(k, _, _, v)| match v {
+                metrics_util::debugging::DebugValue::Gauge(g) => {
+                    let key = k.key();
+                    let labels: Vec<String> = key.labels().map(|l| format!("{l:?}")).collect();
+                    let name = if labels.is_empty() {
+                        key.name().to_string()
+                    } else {
+                        format!("{}{labels:?}", key.name())
+                    };
+                    Some((name, g.into_inner()))
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     /// Learner restarts must not grow the exposition: one series holds the
     /// current incarnation, whatever came before.
     #[test]
     fn every_incarnation_shares_one_series() {
-        let rec = Gauges::default();
-        metrics::with_local_recorder(&rec, || {
+        let got = gauges(|| {
             let h = Handles::register();
             for id in [0xA, 0xB, 0x0123_4567_89ab_cdef] {
                 h.set_incarnation(id);
             }
         });
-        let got = rec.0.lock().unwrap().clone();
         let series: Vec<_> = got
             .iter()
             .filter(|(k, _)| k.starts_with(LEARNER_INCARNATION))

@@ -135,46 +135,23 @@ pub fn record_step(r: &StepReport, staleness: &[u64]) {
 
 #[cfg(test)]
 mod tests {
-    use std::{
-        collections::BTreeMap,
-        sync::{Arc, Mutex},
-    };
-
-    use metrics::{
-        Counter, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
-    };
+    use std::collections::BTreeMap;
 
     use super::*;
 
-    /// Keeps the last value set on each gauge, by name.
-    #[derive(Default)]
-    struct Gauges(Arc<Mutex<BTreeMap<String, f64>>>);
-
-    struct One(String, Arc<Mutex<BTreeMap<String, f64>>>);
-
-    impl GaugeFn for One {
-        fn increment(&self, _: f64) {}
-        fn decrement(&self, _: f64) {}
-        fn set(&self, v: f64) {
-            if let Ok(mut m) = self.1.lock() {
-                m.insert(self.0.clone(), v);
-            }
-        }
-    }
-
-    impl Recorder for Gauges {
-        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
-            Counter::noop()
-        }
-        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-            Gauge::from_arc(Arc::new(One(key.name().to_string(), self.0.clone())))
-        }
-        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-            Histogram::noop()
-        }
+    /// The last value of every gauge set while `f` ran, by name.
+    fn gauges(f: impl FnOnce()) -> BTreeMap<String, f64> {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let rec = DebuggingRecorder::new();
+        let snapshotter = rec.snapshotter();
+        metrics::with_local_recorder(&rec, f);
+        let snapshot = snapshotter.snapshot().into_vec().into_iter();
+        snapshot
+            .filter_map(|(k, _, _, v)| match v {
+                DebugValue::Gauge(g) => Some((k.key().name().to_string(), g.into_inner())),
+                _ => None,
+            })
+            .collect()
     }
 
     #[test]
@@ -192,9 +169,7 @@ mod tests {
             .collect(),
             ..Default::default()
         };
-        let rec = Gauges::default();
-        metrics::with_local_recorder(&rec, || record_step(&report, &[]));
-        let got = rec.0.lock().unwrap().clone();
+        let got = gauges(|| record_step(&report, &[]));
         assert_eq!(got[MISMATCH_KL], 0.25);
         assert_eq!(got[MISMATCH_ESS], 0.75);
         assert_eq!(got[MISMATCH_OUTSIDE], 0.125);
