@@ -55,7 +55,7 @@ impl Op {
 
 /// `a op b`, the identity of a problem (and the key of the split).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Question {
+pub(crate) struct Question {
     a: u64,
     op: Op,
     b: u64,
@@ -140,31 +140,49 @@ fn exactly_digits(rng: &mut SmallRng, digits: u32) -> u64 {
     rng.random_range(start..10u64.pow(digits))
 }
 
+impl generated::Generated for Arith {
+    type Item = Question;
+    type Key = Question;
+    const NAME: &'static str = "arith";
+    const TRAIN_KEY: u64 = TRAIN_KEY;
+    const EVAL_SEED: u64 = EVAL_SEED;
+
+    fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    fn level(&self) -> u32 {
+        self.level
+    }
+
+    fn draw(&self, rng: &mut SmallRng) -> Question {
+        Arith::draw(self, rng)
+    }
+
+    fn held_out(item: &Question) -> bool {
+        item.held_out()
+    }
+
+    fn key(item: &Question) -> Question {
+        *item
+    }
+
+    fn problem(item: &Question, id: String) -> Problem {
+        item.problem(id)
+    }
+}
+
 impl Task for Arith {
     fn name(&self) -> &str {
         "arith"
     }
 
     fn train_problem(&self, index: u64) -> Problem {
-        let item = generated::train_item(
-            TRAIN_KEY,
-            self.seed,
-            index,
-            |rng| self.draw(rng),
-            |x| x.held_out(),
-        );
-        item.problem(format!("arith{}-s{}-{index}", self.level, self.seed))
+        generated::train_problem(self, index)
     }
 
     fn eval_problems(&self, n: usize) -> Vec<Problem> {
-        let items =
-            generated::held_out_items(EVAL_SEED, n, |rng| self.draw(rng), |x| x.held_out(), |q| *q);
-        let name = |i: usize| format!("arith{}-eval-{i}", self.level);
-        items
-            .into_iter()
-            .enumerate()
-            .map(|(i, x)| x.problem(name(i)))
-            .collect()
+        generated::eval_problems(self, n)
     }
 
     /// 1 for exactly the answer, surrounding whitespace aside: `+82`,

@@ -93,7 +93,7 @@ impl Countdown {
 /// A problem's identity is its sorted numbers and target; the solution is
 /// one of possibly many.
 #[derive(Debug, Clone)]
-struct Puzzle {
+pub(crate) struct Puzzle {
     numbers: Vec<u64>,
     target: u64,
     solution: String,
@@ -200,36 +200,49 @@ fn write_child(t: &Tree, parens: bool, out: &mut String) {
     }
 }
 
+impl generated::Generated for Countdown {
+    type Item = Puzzle;
+    type Key = (Vec<u64>, u64);
+    const NAME: &'static str = "countdown";
+    const TRAIN_KEY: u64 = TRAIN_KEY;
+    const EVAL_SEED: u64 = EVAL_SEED;
+
+    fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    fn level(&self) -> u32 {
+        self.level
+    }
+
+    fn draw(&self, rng: &mut SmallRng) -> Puzzle {
+        Countdown::draw(self, rng)
+    }
+
+    fn held_out(item: &Puzzle) -> bool {
+        item.held_out()
+    }
+
+    fn key(item: &Puzzle) -> (Vec<u64>, u64) {
+        item.key()
+    }
+
+    fn problem(item: &Puzzle, id: String) -> Problem {
+        item.problem(id)
+    }
+}
+
 impl Task for Countdown {
     fn name(&self) -> &str {
         "countdown"
     }
 
     fn train_problem(&self, index: u64) -> Problem {
-        let item = generated::train_item(
-            TRAIN_KEY,
-            self.seed,
-            index,
-            |rng| self.draw(rng),
-            |x| x.held_out(),
-        );
-        item.problem(format!("countdown{}-s{}-{index}", self.level, self.seed))
+        generated::train_problem(self, index)
     }
 
     fn eval_problems(&self, n: usize) -> Vec<Problem> {
-        let items = generated::held_out_items(
-            EVAL_SEED,
-            n,
-            |rng| self.draw(rng),
-            |x| x.held_out(),
-            |p| p.key(),
-        );
-        let name = |i: usize| format!("countdown{}-eval-{i}", self.level);
-        items
-            .into_iter()
-            .enumerate()
-            .map(|(i, x)| x.problem(name(i)))
-            .collect()
+        generated::eval_problems(self, n)
     }
 
     /// 1 when the completion reaches the answer with the prompt's numbers.
