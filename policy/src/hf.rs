@@ -102,7 +102,9 @@ pub fn load(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
 }
 
 /// Writes `config.json` and `model.safetensors` in transformers' names and
-/// layout, so vLLM or transformers can serve the trained policy.
+/// layout, so vLLM or transformers can serve the trained policy. LoRA
+/// adapters are merged into the weights first (see also
+/// [`crate::peft::write_dir`] for the adapters alone).
 pub fn save(policy: &Policy, dir: &Path) -> Result<(), LoadError> {
     std::fs::create_dir_all(dir).map_err(|e| file_err(dir, e))?;
     let config = policy.config.to_hf_json();
@@ -116,8 +118,13 @@ pub fn save(policy: &Policy, dir: &Path) -> Result<(), LoadError> {
     let mut store = SafetensorsStore::from_file(&path)
         .with_to_adapter(BurnToPyTorchAdapter)
         .remap(remap);
-    policy
-        .model
-        .save_into(&mut store)
-        .map_err(|e| file_err(&path, e))
+    let merged;
+    let model = match policy.model.lora {
+        Some(_) => {
+            merged = crate::lora::merge(policy.model.clone());
+            &merged
+        }
+        None => &policy.model,
+    };
+    model.save_into(&mut store).map_err(|e| file_err(&path, e))
 }

@@ -14,7 +14,17 @@ use burn::{
     prelude::*,
 };
 
-use crate::{cache::KvCache, config::ModelConfig, device::Precision, kernels, rope::Rope};
+use crate::{
+    cache::KvCache,
+    config::ModelConfig,
+    device::Precision,
+    kernels,
+    lora::{Adapters, LayerAdapters, Target},
+    rope::Rope,
+};
+
+/// A layer's adapters and how to apply them, when the model has any.
+type LayerLora<'a> = Option<(&'a Adapters, &'a LayerAdapters)>;
 
 /// HF's `initializer_range` default.
 const INIT_STD: f64 = 0.02;
@@ -64,14 +74,16 @@ impl Attention {
         rope: &Rope,
         start: usize,
         cache: Option<(&mut KvCache, usize)>,
+        lora: LayerLora<'_>,
     ) -> Tensor<2> {
         let (nh, nkv, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let proj = |l: &Linear, t: Target, x: Tensor<2>| project(l, adapter(lora, t), x);
         // The fused kernels read the projections in their own
         // `[b, t, heads, hd]` layout: no transpose is materialised.
         let heads = |y: Tensor<2>, n: usize| y.reshape([b, t, n, hd]);
-        let q = rope.apply(heads(project(&self.q_proj, x.clone()), nh), start);
-        let k = rope.apply(heads(project(&self.k_proj, x.clone()), nkv), start);
-        let v = heads(project(&self.v_proj, x), nkv);
+        let q = rope.apply(heads(proj(&self.q_proj, Target::Q, x.clone()), nh), start);
+        let k = rope.apply(heads(proj(&self.k_proj, Target::K, x.clone()), nkv), start);
+        let v = heads(proj(&self.v_proj, Target::V, x), nkv);
         let out = match cache {
             // Whole sequences (training, scoring).
             None => kernels::causal_attention(q, k, v),
@@ -80,21 +92,36 @@ impl Attention {
                 kernels::cached_attention(q, kc, vc, start)
             }
         };
-        project(&self.o_proj, out.reshape([b * t, nh * hd]))
+        proj(&self.o_proj, Target::O, out.reshape([b * t, nh * hd]))
     }
+}
+
+/// The adapter of projection `t`, with the adapters' settings.
+fn adapter(lora: LayerLora<'_>, t: Target) -> Option<(&Adapters, &crate::lora::LoraPair)> {
+    lora.and_then(|(all, layer)| layer.get(t).map(|p| (all, p)))
 }
 
 /// A Burn `Linear` (its record is the HF checkpoint's projection) applied
 /// through [`kernels::linear`], which speeds up decoding. The weight is
 /// cast to the activations' dtype: a no-op at f32, and under autodiff the
-/// cast's backward returns the gradient to the f32 master weight.
-fn project(l: &Linear, x: Tensor<2>) -> Tensor<2> {
+/// cast's backward returns the gradient to the f32 master weight. An
+/// adapter adds its low-rank update on the side (`lora.rs`).
+fn project(
+    l: &Linear,
+    lora: Option<(&Adapters, &crate::lora::LoraPair)>,
+    x: Tensor<2>,
+) -> Tensor<2> {
     let dt = x.dtype();
-    kernels::linear(
+    let delta = lora.map(|(all, pair)| all.delta(pair, x.clone()));
+    let y = kernels::linear(
         x,
         l.weight.val().cast(dt),
         l.bias.as_ref().map(|b| b.val().cast(dt)),
-    )
+    );
+    match delta {
+        Some(d) => y + d,
+        None => y,
+    }
 }
 
 /// Burn's `RmsNorm` module (its record is the HF checkpoint's norm
@@ -124,11 +151,13 @@ impl Mlp {
         }
     }
 
-    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let gate = project(&self.gate_proj, x.clone());
+    fn forward(&self, x: Tensor<2>, lora: LayerLora<'_>) -> Tensor<2> {
+        let gate = project(&self.gate_proj, adapter(lora, Target::Gate), x.clone());
+        let up = project(&self.up_proj, adapter(lora, Target::Up), x);
         project(
             &self.down_proj,
-            kernels::swiglu(gate, project(&self.up_proj, x)),
+            adapter(lora, Target::Down),
+            kernels::swiglu(gate, up),
         )
     }
 }
@@ -169,6 +198,9 @@ pub struct Transformer {
     /// are cast at use; logits leave in f32.
     #[module(skip)]
     pub compute: Precision,
+    /// LoRA adapters beside the projections, when the base is frozen and
+    /// only they train (`lora.rs`).
+    pub lora: Option<Adapters>,
 }
 
 impl Transformer {
@@ -190,6 +222,7 @@ impl Transformer {
             lm_head: (!c.tie_word_embeddings)
                 .then(|| dense(c.hidden_size, c.vocab_size, false, device)),
             compute: Precision::F32,
+            lora: None,
         }
     }
 
@@ -252,6 +285,7 @@ impl Transformer {
             .reshape([b * t, self.embed_tokens.weight.dims()[1]])
             .cast(self.compute.dtype());
         for (i, layer) in self.layers.iter().enumerate() {
+            let lora = self.lora.as_ref().map(|a| (a, &a.layers[i]));
             let h = norm(&layer.input_layernorm, x.clone());
             let h = layer.self_attn.forward(
                 h,
@@ -259,11 +293,12 @@ impl Transformer {
                 rope,
                 start,
                 cache.as_deref_mut().map(|c| (c, i)),
+                lora,
             );
             x = x + h;
             let h = layer
                 .mlp
-                .forward(norm(&layer.post_attention_layernorm, x.clone()));
+                .forward(norm(&layer.post_attention_layernorm, x.clone()), lora);
             x = x + h;
         }
         if let Some(c) = cache {
@@ -278,7 +313,7 @@ impl Transformer {
         let x = norm(&self.norm, x);
         let dt = x.dtype();
         let logits = match &self.lm_head {
-            Some(head) => project(head, x),
+            Some(head) => project(head, None, x),
             // Tied: the embedding matrix `[vocab, hidden]` read transposed.
             None => kernels::linear(x, self.embed_tokens.weight.val().cast(dt).transpose(), None),
         };

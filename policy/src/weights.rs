@@ -13,7 +13,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 0..8 | magic `BAPOWTS1` |
-//! | 8..10 | format version, 1 or 2 |
+//! | 8..10 | format version, 1, 2 or 3 |
 //! | 10..12 | payload [`Encoding`] code (format 2; zero in format 1) |
 //! | 12..20 | policy version |
 //! | 20..28 | payload length |
@@ -27,7 +27,11 @@
 //! word `0x0001_0002` and refuses it as an unsupported format instead of
 //! misreading it.
 //!
-//! In both encodings the payload is burnpack. Under [`Encoding::Bf16`]
+//! Format 3 (LoRA) carries adapters only, in PEFT's safetensors layout
+//! (`peft.rs`), its encoding field as format 2; builds before it refuse it
+//! as an unsupported format.
+//!
+//! In both encodings a model payload is burnpack. Under [`Encoding::Bf16`]
 //! every float parameter is stored as bf16, rounded to nearest even from
 //! the f32 master weights (half the bytes); the receiver loads it and
 //! casts back to its compute dtype (the device's default float dtype, f32
@@ -42,12 +46,23 @@ use burn::{
     tensor::{Bytes, DType, FloatDType, Tensor},
 };
 
-use crate::{device::Precision, model::Transformer};
+use crate::{
+    config::ModelConfig,
+    device::Precision,
+    lora::Adapters,
+    model::Transformer,
+    peft::{self, AdapterMeta},
+};
 
 pub const MAGIC: &[u8; 8] = b"BAPOWTS1";
-/// The newest header format, the one that names the encoding (bf16
-/// payloads are written so); f32 payloads keep format 1. Both are read.
+/// The newest header format of a whole model, the one that names the
+/// encoding (bf16 payloads are written so); f32 payloads keep format 1.
+/// Both are read.
 pub const FORMAT_VERSION: u32 = 2;
+/// The format of a LoRA adapter payload (PEFT safetensors, `peft.rs`),
+/// its encoding field as in format 2. Builds before LoRA refuse it as an
+/// unsupported format rather than load it as a model.
+const FORMAT_ADAPTERS: u16 = 3;
 /// The format of f32 payloads: no encoding field, so every build reads it.
 const FORMAT_F32: u16 = 1;
 pub const HEADER_LEN: usize = 32;
@@ -142,6 +157,16 @@ pub enum WeightsError {
     Record(String),
 }
 
+/// What a payload holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload {
+    /// A whole model, Burn's burnpack record.
+    Model,
+    /// LoRA adapters only, in PEFT's safetensors layout: applied to a base
+    /// the receiver already holds.
+    Adapters,
+}
+
 /// What the header says besides the encoding (see [`WeightsHeader::read`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WeightsHeader {
@@ -173,8 +198,26 @@ impl WeightsHeader {
         h
     }
 
-    /// The header and the encoding it announces, from either format.
+    /// The header of an adapter payload in `encoding` (format 3).
+    pub fn to_bytes_adapters(&self, encoding: Encoding) -> [u8; HEADER_LEN] {
+        let mut h = self.to_bytes_as(encoding);
+        h[8..10].copy_from_slice(&FORMAT_ADAPTERS.to_le_bytes());
+        h
+    }
+
+    /// The header of a model payload and the encoding it announces, from
+    /// format 1 or 2; an adapter payload is refused by name.
     pub fn read(b: &[u8]) -> Result<(Self, Encoding), WeightsError> {
+        match Self::read_any(b)? {
+            (h, e, Payload::Model) => Ok((h, e)),
+            (_, _, Payload::Adapters) => Err(WeightsError::Record(
+                "the payload holds LoRA adapters, not a model".into(),
+            )),
+        }
+    }
+
+    /// The header, its encoding and what the payload holds, any format.
+    pub fn read_any(b: &[u8]) -> Result<(Self, Encoding, Payload), WeightsError> {
         if b.len() != HEADER_LEN {
             return Err(WeightsError::ShortHeader(b.len()));
         }
@@ -189,15 +232,21 @@ impl WeightsHeader {
             // Format 1 has no encoding field: the word is the format, and
             // anything in its upper half is another format.
             FORMAT_F32 if code == 0 => Encoding::F32,
-            2 => Encoding::from_code(code).ok_or(WeightsError::UnknownEncoding(code))?,
+            2 | FORMAT_ADAPTERS => {
+                Encoding::from_code(code).ok_or(WeightsError::UnknownEncoding(code))?
+            }
             _ => return Err(WeightsError::UnsupportedFormat(u32_at(8))),
+        };
+        let payload = match format {
+            FORMAT_ADAPTERS => Payload::Adapters,
+            _ => Payload::Model,
         };
         let header = Self {
             policy_version: u64_at(12),
             payload_len: u64_at(20),
             crc32: u32_at(28),
         };
-        Ok((header, encoding))
+        Ok((header, encoding, payload))
     }
 
     /// [`read`](Self::read) without the encoding, for an f32 reader
@@ -297,6 +346,42 @@ pub fn decode_as(
         }),
         None => Ok(model),
     }
+}
+
+/// Encodes `adapters` (trained on the base of fingerprint `base`) as
+/// policy version `policy_version`, factors in `encoding`; write the
+/// header with [`WeightsHeader::to_bytes_adapters`].
+pub fn encode_adapters(
+    adapters: &Adapters,
+    policy_version: u64,
+    encoding: Encoding,
+    base: u64,
+) -> Result<(WeightsHeader, Bytes), WeightsError> {
+    let meta = AdapterMeta {
+        alpha: adapters.scale * adapters.rank() as f64,
+        base,
+    };
+    let payload = peft::encode(adapters, meta, encoding.dtype())
+        .map_err(|e| WeightsError::Record(e.to_string()))?;
+    let header = WeightsHeader {
+        policy_version,
+        payload_len: payload.len() as u64,
+        crc32: crc32fast::hash(&payload),
+    };
+    Ok((header, Bytes::from_bytes_vec(payload)))
+}
+
+/// Verifies an adapter `payload` against `header` and builds the adapters
+/// for a model of `config`'s shape on `device`, with the base fingerprint
+/// they name.
+pub fn decode_adapters(
+    header: &WeightsHeader,
+    payload: &[u8],
+    config: &ModelConfig,
+    device: &burn::prelude::Device,
+) -> Result<(Adapters, AdapterMeta), WeightsError> {
+    header.verify(payload)?;
+    peft::decode(payload, config, None, device).map_err(|e| WeightsError::Record(e.to_string()))
 }
 
 /// `model` computing in `precision`, its weights stored in that dtype:
