@@ -173,7 +173,8 @@ async fn slow_subscribers_skip_to_the_newest_and_corrupt_weights_are_refused() {
     bytes[100] ^= 1;
     assert!(a.push(&bytes).unwrap());
     let e = a
-        .finish(&Device::flex(), Default::default())
+        .finish(&Device::flex(), Default::default(), None)
+        .and_then(bapo_actor::subscription::Loaded::policy)
         .err()
         .unwrap()
         .to_string();
@@ -254,5 +255,130 @@ async fn a_learner_with_another_batch_size_stops_by_name() {
     assert!(
         msg.contains("batch_groups is 3") && msg.contains("buffer's is 2"),
         "{msg}"
+    );
+}
+
+/// The update messages a fresh subscriber holding base `have_base` gets
+/// first: `(base flag, header format, payload bytes)` of each, up to the
+/// first non-base one.
+async fn first_updates(url: &str, have_base: u64) -> Vec<(bool, u16, u64)> {
+    use bapo_proto::v1::{
+        SubscribeRequest, weight_message::Kind, weight_source_client::WeightSourceClient,
+    };
+    let mut client = WeightSourceClient::connect(url.to_string())
+        .await
+        .unwrap()
+        .max_decoding_message_size(64 << 20);
+    let mut stream = client
+        .subscribe(SubscribeRequest {
+            actor_id: "probe".into(),
+            have_base,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = Vec::new();
+    while let Some(m) = stream.message().await.unwrap() {
+        if let Some(Kind::Update(u)) = m.kind {
+            let format = u16::from_le_bytes([u.header[8], u.header[9]]);
+            seen.push((u.base, format, u.payload_len));
+            if !u.base {
+                return seen;
+            }
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lora_learner_sends_its_base_once_then_adapters_only() {
+    let lp = Loop::with(4, 2, 2).await;
+    let mut cfg = lp.learner_config(2, 3);
+    cfg.lora = Some(bapo_policy::lora::LoraConfig {
+        rank: 4,
+        ..Default::default()
+    });
+    cfg.lr = 1e-2;
+    // The random tiny model earns no reward, so advantages are zero: the
+    // entropy bonus is what moves the adapters here.
+    cfg.entropy_coef = 0.05;
+    let learner = lp.spawn_learner(cfg);
+    let (actor, stop_actor) = common::spawn_actor(actor_config(4), lp.actor_options("lora-actor"));
+    let summary = tokio::time::timeout(Duration::from_secs(120), learner)
+        .await
+        .expect("the learner finishes its steps")
+        .unwrap()
+        .unwrap();
+    assert_eq!(summary.version, 3);
+    stop_actor.send(()).unwrap();
+    let a = tokio::time::timeout(Duration::from_secs(30), actor)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        a.groups >= 6,
+        "the actor sampled with base + adapters: {a:?}"
+    );
+
+    // Without the base: the base first (a whole model, format 1), then
+    // adapters (format 3), a small fraction of its size.
+    let fresh = first_updates(&lp.learner_url, 0).await;
+    assert_eq!(fresh.len(), 2, "{fresh:?}");
+    let ((is_base, base_format, base_bytes), (not_base, ad_format, ad_bytes)) =
+        (fresh[0], fresh[1]);
+    assert!(is_base && !not_base);
+    assert_eq!((base_format, ad_format), (1, 3));
+    assert!(
+        ad_bytes * 5 < base_bytes,
+        "adapters {ad_bytes} B, base {base_bytes} B"
+    );
+    // Holding the base: adapters only.
+    let fp = lp.hub.latest().unwrap().fingerprint;
+    assert_ne!(fp, 0);
+    let holder = first_updates(&lp.learner_url, fp).await;
+    assert_eq!(holder, vec![(false, 3, ad_bytes)]);
+
+    // A late actor ends up with exactly the learner's final policy, which
+    // the adapters make differ from the base.
+    let (cell_tx, mut cell_rx) = watch::channel(None);
+    let (_stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(subscription::follow(
+        lp.learner_url.clone(),
+        None,
+        "late".into(),
+        Device::flex(),
+        Default::default(),
+        cell_tx,
+        stop_rx,
+    ));
+    let got = tokio::time::timeout(Duration::from_secs(30), cell_rx.wait_for(|c| c.is_some()))
+        .await
+        .unwrap()
+        .unwrap()
+        .clone()
+        .unwrap();
+    assert_eq!(got.version, 3);
+    let ckpt = checkpoint::latest(&lp.out.path().join("checkpoints"))
+        .unwrap()
+        .unwrap();
+    let (saved, state) = checkpoint::load_policy(&ckpt, &Device::flex()).unwrap();
+    assert!(state.lora.is_some());
+    // The same factors; the actor's came through PEFT's transposed layout,
+    // so a matmul may round differently in the last bit.
+    let diff = logits(&got.policy)
+        .iter()
+        .zip(logits(&saved))
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(diff < 1e-5, "actor vs checkpoint logits differ by {diff}");
+    let mut base = saved.model.clone();
+    base.lora = None;
+    let base = Policy::with_model(saved.config.clone(), base, &Device::flex());
+    assert_ne!(
+        logits(&got.policy),
+        logits(&base),
+        "the adapters changed the policy"
     );
 }

@@ -162,6 +162,7 @@ fn a_flipped_bit_in_a_bf16_header_is_refused() {
         chunks: 1,
         model_config_json: published.config_json.clone(),
         incarnation: published.incarnation,
+        ..Default::default()
     };
     let load = |header: Vec<u8>| {
         let mut a = Assembly::new(WeightUpdate {
@@ -169,7 +170,8 @@ fn a_flipped_bit_in_a_bf16_header_is_refused() {
             ..update.clone()
         });
         assert!(a.push(&published.payload).unwrap());
-        a.finish(&Device::flex(), Default::default())
+        a.finish(&Device::flex(), Default::default(), None)
+            .and_then(bapo_actor::subscription::Loaded::policy)
     };
     let intact = load(published.header.to_vec()).unwrap();
     assert_rounded_copy(&intact.policy, &p);

@@ -19,7 +19,7 @@ use bapo_policy::{
     ModelConfig, Policy, Precision,
     burn::prelude::*,
     model::Transformer,
-    weights::{self, WeightsHeader},
+    weights::{self, Payload, WeightsHeader},
 };
 use bapo_proto::{
     tls::{self, ClientTls},
@@ -95,14 +95,21 @@ impl Assembly {
         Ok(self.payload.len() as u64 == self.update.payload_len)
     }
 
-    /// Verifies and loads the weights into a new policy on `device`,
-    /// computing in (and holding its weights in) `precision`.
-    pub fn finish(self, device: &Device, precision: Precision) -> Result<Versioned, TransferError> {
+    /// Verifies and loads the weights on `device`, computing in (and
+    /// holding its weights in) `precision`: a new policy, or the LoRA base
+    /// later adapters apply to. Adapters need `base`, the one held.
+    pub fn finish(
+        self,
+        device: &Device,
+        precision: Precision,
+        base: Option<&Base>,
+    ) -> Result<Loaded, TransferError> {
         let version = self.update.version;
         let invalid = |message: String| TransferError::Invalid { version, message };
-        let (header, encoding) =
-            WeightsHeader::read(&self.update.header).map_err(|e| invalid(e.to_string()))?;
-        if header.policy_version != version {
+        let (header, encoding, payload) =
+            WeightsHeader::read_any(&self.update.header).map_err(|e| invalid(e.to_string()))?;
+        // A base travels under the version of the adapters that follow.
+        if header.policy_version != version && !self.update.base {
             return Err(invalid(format!(
                 "header says version {}, update says {version}",
                 header.policy_version
@@ -113,15 +120,80 @@ impl Assembly {
         config
             .validate()
             .map_err(|e| invalid(format!("model config: {e}")))?;
-        let fresh = Transformer::init(&config, device);
-        let model = weights::decode_as(&header, encoding, self.payload, fresh)
-            .map_err(|e| invalid(e.to_string()))?;
-        Ok(Versioned {
+        let incarnation = self.update.incarnation;
+        let model = match payload {
+            Payload::Model => {
+                let fresh = Transformer::init(&config, device);
+                let model = weights::decode_as(&header, encoding, self.payload, fresh)
+                    .map_err(|e| invalid(e.to_string()))?;
+                let model = weights::for_inference(model, precision);
+                if self.update.base {
+                    return Ok(Loaded::Base(Box::new(Base {
+                        fingerprint: self.update.base_fingerprint,
+                        config,
+                        model,
+                    })));
+                }
+                model
+            }
+            Payload::Adapters => {
+                let want = self.update.base_fingerprint;
+                let base = base.filter(|b| b.fingerprint == want).ok_or_else(|| {
+                    invalid(format!(
+                        "adapters for base {want:016x}, which this actor does not hold"
+                    ))
+                })?;
+                let (adapters, meta) =
+                    weights::decode_adapters(&header, &self.payload, &base.config, device)
+                        .map_err(|e| invalid(e.to_string()))?;
+                if meta.base != want {
+                    return Err(invalid(format!(
+                        "adapter payload names base {:016x}, the update {want:016x}",
+                        meta.base
+                    )));
+                }
+                let mut model = base.model.clone();
+                model.lora = Some(adapters);
+                weights::for_inference(model, precision)
+            }
+        };
+        Ok(Loaded::Policy(Box::new(Versioned {
             version,
-            incarnation: self.update.incarnation,
-            policy: Policy::with_model(config, weights::for_inference(model, precision), device),
-        })
+            incarnation,
+            policy: Policy::with_model(config, model, device),
+        })))
     }
+}
+
+impl Loaded {
+    /// The policy loaded; an error naming the version for a base.
+    pub fn policy(self) -> Result<Versioned, TransferError> {
+        match self {
+            Loaded::Policy(v) => Ok(*v),
+            Loaded::Base(_) => Err(TransferError::Invalid {
+                version: 0,
+                message: "a LoRA base, not a policy".into(),
+            }),
+        }
+    }
+}
+
+/// The frozen base a LoRA learner sent, which its adapters apply to.
+#[derive(Debug, Clone)]
+pub struct Base {
+    pub fingerprint: u64,
+    pub config: ModelConfig,
+    /// In the actor's compute dtype; shared by every adapted policy.
+    pub model: Transformer,
+}
+
+/// What one update loaded.
+#[derive(Debug)]
+pub enum Loaded {
+    /// Weights to sample with.
+    Policy(Box<Versioned>),
+    /// A LoRA base to hold until its adapters arrive.
+    Base(Box<Base>),
 }
 
 /// Follows the learner at `url` until `stop` fires, publishing each loaded
@@ -137,15 +209,11 @@ pub async fn follow(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    // Kept across reconnections: a LoRA learner then sends adapters only.
+    let mut base: Option<Base> = None;
     loop {
-        // What we hold, so the learner sends only what is newer; a learner
-        // of another incarnation sends its weights whatever the version.
-        let have = cell
-            .borrow()
-            .as_ref()
-            .map_or((0, 0), |v| (v.version, v.incarnation));
         let result = tokio::select! {
-            r = stream_once(&url, tls.as_ref(), &actor_id, have, (&device, precision), &cell, &mut backoff) => r,
+            r = stream_once(&url, tls.as_ref(), &actor_id, (&device, precision), &cell, &mut base, &mut backoff) => r,
             _ = stop.wait_for(|s| *s) => return,
         };
         if let Err(e) = result {
@@ -163,11 +231,17 @@ async fn stream_once(
     url: &str,
     tls: Option<&ClientTls>,
     actor_id: &str,
-    have: (u64, u64),
     (device, precision): (&Device, Precision),
     cell: &watch::Sender<Option<Arc<Versioned>>>,
+    base: &mut Option<Base>,
     backoff: &mut Backoff,
 ) -> anyhow::Result<()> {
+    // What we hold, so the learner sends only what is newer; a learner
+    // of another incarnation sends its weights whatever the version.
+    let have = cell
+        .borrow()
+        .as_ref()
+        .map_or((0, 0), |v| (v.version, v.incarnation));
     let channel = tls::connector(url, tls)?.connect().await?;
     let mut client = WeightSourceClient::new(channel).max_decoding_message_size(64 << 20);
     let mut stream = client
@@ -175,6 +249,7 @@ async fn stream_once(
             actor_id: actor_id.to_string(),
             have_version: have.0,
             have_incarnation: have.1,
+            have_base: base.as_ref().map_or(0, |b| b.fingerprint),
         })
         .await?
         .into_inner();
@@ -201,8 +276,18 @@ async fn stream_once(
         }
         let (assembly, started) = current.take().expect("an update is being assembled");
         let device = device.clone();
+        let held = base.clone();
         let loaded =
-            tokio::task::spawn_blocking(move || assembly.finish(&device, precision)).await??;
+            tokio::task::spawn_blocking(move || assembly.finish(&device, precision, held.as_ref()))
+                .await??;
+        let loaded = match loaded {
+            Loaded::Policy(v) => *v,
+            Loaded::Base(b) => {
+                tracing::info!(fingerprint = %format!("{:016x}", b.fingerprint), "LoRA base loaded");
+                *base = Some(*b);
+                continue;
+            }
+        };
         histogram!(names::WEIGHT_APPLY_SECONDS).record(started.elapsed().as_secs_f64());
         gauge!(names::WEIGHT_VERSION).set(loaded.version as f64);
         tracing::debug!(

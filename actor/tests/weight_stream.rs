@@ -24,6 +24,7 @@ fn published() -> &'static (WeightUpdate, Vec<u8>) {
             chunks: 1,
             model_config_json: serde_json::to_string(&config).unwrap(),
             incarnation: 3,
+            ..Default::default()
         };
         (update, payload.to_vec())
     })
@@ -50,7 +51,8 @@ fn deliver(
     if !done {
         return Ok(None);
     }
-    a.finish(&Device::flex(), Default::default())
+    a.finish(&Device::flex(), Default::default(), None)
+        .and_then(bapo_actor::subscription::Loaded::policy)
         .map(|v| Some(v.version))
 }
 
@@ -133,6 +135,7 @@ proptest! {
             chunks: 1,
             model_config_json: if use_real_config { u.model_config_json.clone() } else { config_json },
             incarnation: 1,
+            ..Default::default()
         };
         prop_assert!(deliver(bogus.clone(), &garbage, &[]).is_err() || garbage.is_empty());
         // An absurd announced length must not allocate it up front.

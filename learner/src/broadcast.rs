@@ -9,15 +9,24 @@
 //! encoded payload is held once (`Bytes`) and sliced into chunks per
 //! subscriber without copying.
 //!
+//! A LoRA learner publishes its frozen base once ([`WeightHub::set_base`])
+//! and then adapters only: a few megabytes per version instead of the
+//! whole model. Each adapter publish names the base, and the server sends
+//! the base first to a subscriber that does not hold it.
+//!
 //! A hub publishes as one learner incarnation (see [`crate::lineage`]):
 //! every update carries its id, so a subscriber holding weights of another
 //! incarnation is sent the newest at once, whatever the version numbers.
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    sync::{Arc, Mutex},
+    time::Instant,
+};
 
 use bapo_policy::{
     ModelConfig,
     burn::tensor::Bytes as BurnBytes,
+    lora::Adapters,
     model::Transformer,
     weights::{self, Encoding, WeightsError},
 };
@@ -38,6 +47,19 @@ pub struct Published {
     /// HF `config.json` of the model.
     pub config_json: String,
     pub at: Instant,
+    /// What a subscriber must hold first: the frozen base of an adapter
+    /// publish (itself a publish with `fingerprint` set and no base).
+    pub base: Option<Arc<Published>>,
+    /// A base's own fingerprint, or the base an adapter publish applies
+    /// to; 0 for a whole model.
+    pub fingerprint: u64,
+}
+
+impl Published {
+    /// Whether this is a LoRA base (held by subscribers, not sampled).
+    pub fn is_base(&self) -> bool {
+        self.fingerprint != 0 && self.base.is_none()
+    }
 }
 
 #[derive(Clone)]
@@ -48,6 +70,8 @@ pub struct WeightHub {
     /// Set when the learner stops: subscriber streams end, so the server's
     /// graceful shutdown does not wait on streams that never finish.
     closed: Arc<watch::Sender<bool>>,
+    /// The frozen base adapters are published against (LoRA only).
+    base: Arc<Mutex<Option<Arc<Published>>>>,
 }
 
 impl Default for WeightHub {
@@ -69,6 +93,7 @@ impl WeightHub {
             incarnation: id,
             tx: Arc::new(watch::channel(None).0),
             closed: Arc::new(watch::channel(false).0),
+            base: Arc::default(),
         }
     }
 
@@ -107,6 +132,70 @@ impl WeightHub {
             payload: to_bytes(payload),
             config_json: config.to_hf_json().to_string(),
             at: Instant::now(),
+            base: None,
+            fingerprint: 0,
+        });
+        self.tx.send_replace(Some(published.clone()));
+        Ok(published)
+    }
+
+    /// Encodes the frozen base of a LoRA learner (its adapters removed),
+    /// fingerprint `fingerprint`, once: every later
+    /// [`WeightHub::publish_adapters`] refers to it.
+    pub fn set_base(
+        &self,
+        model: &Transformer,
+        config: &ModelConfig,
+        fingerprint: u64,
+        encoding: Encoding,
+    ) -> Result<(), WeightsError> {
+        let base = bapo_policy::lora::base_of(model);
+        let (header, payload) = weights::encode_as(&base, 0, encoding)?;
+        let published = Arc::new(Published {
+            version: 0,
+            incarnation: self.incarnation,
+            header: Bytes::copy_from_slice(&header.to_bytes_as(encoding)),
+            payload: to_bytes(payload),
+            config_json: config.to_hf_json().to_string(),
+            at: Instant::now(),
+            base: None,
+            fingerprint,
+        });
+        *self.base.lock().expect("base lock") = Some(published);
+        Ok(())
+    }
+
+    /// Whether a base is set (adapters can be published).
+    pub fn has_base(&self) -> bool {
+        self.base.lock().expect("base lock").is_some()
+    }
+
+    /// Encodes `adapters` as `version` (factors in `encoding`) against the
+    /// base of [`WeightHub::set_base`], and makes them the newest.
+    pub fn publish_adapters(
+        &self,
+        adapters: &Adapters,
+        config: &ModelConfig,
+        version: u64,
+        encoding: Encoding,
+    ) -> Result<Arc<Published>, WeightsError> {
+        let base = self
+            .base
+            .lock()
+            .expect("base lock")
+            .clone()
+            .ok_or_else(|| WeightsError::Record("adapters published before their base".into()))?;
+        let (header, payload) =
+            weights::encode_adapters(adapters, version, encoding, base.fingerprint)?;
+        let published = Arc::new(Published {
+            version,
+            incarnation: self.incarnation,
+            header: Bytes::copy_from_slice(&header.to_bytes_adapters(encoding)),
+            payload: to_bytes(payload),
+            config_json: config.to_hf_json().to_string(),
+            at: Instant::now(),
+            fingerprint: base.fingerprint,
+            base: Some(base),
         });
         self.tx.send_replace(Some(published.clone()));
         Ok(published)

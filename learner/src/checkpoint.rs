@@ -25,6 +25,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{LearnerConfig, Trainer, lineage::Lineage, trainer::TrainError};
 
+mod adapters;
+
+pub use adapters::LoraState;
+
 pub const STATE_FILE: &str = "state.json";
 const FORMAT: u32 = 1;
 const MODEL_FILE: &str = "model.bin";
@@ -94,6 +98,10 @@ pub struct CheckpointState {
     /// dropout), evaluation seeds derive from it and the step.
     pub seed: u64,
     pub files: BTreeMap<String, FileSum>,
+    /// A LoRA learner's: its adapters are in `adapters.bpk` (instead of
+    /// `model.bin`), its base named here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraState>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -140,6 +148,15 @@ pub fn save(
         fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
     }
     fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    let lora = match trainer.config().lora {
+        Some(_) => Some(adapters::save_base(
+            root,
+            &trainer.model().valid(),
+            trainer.base_fingerprint(),
+            trainer.version(),
+        )?),
+        None => None,
+    };
     let files = write_files(&tmp, &dest, trainer)?;
     let state = CheckpointState {
         format: FORMAT,
@@ -148,6 +165,7 @@ pub fn save(
         provenance: provenance.clone(),
         seed: trainer.config().seed,
         files,
+        lora,
     };
     let text = serde_json::to_vec_pretty(&state).map_err(|e| invalid(&dest, e.to_string()))?;
     write_synced(&tmp.join(STATE_FILE), &text)?;
@@ -169,7 +187,17 @@ fn write_files(
     trainer: &Trainer,
 ) -> Result<BTreeMap<String, FileSum>, CheckpointError> {
     let mut files = BTreeMap::new();
-    let models = std::iter::once((MODEL_FILE.to_string(), trainer.model().valid())).chain(
+    let current = trainer.model().valid();
+    let main = match trainer.config().lora {
+        Some(_) => {
+            let bytes = adapters::encode_adapters(&current, dest)?;
+            let name = adapters::ADAPTERS_FILE;
+            files.insert(name.to_string(), write_synced(&tmp.join(name), &bytes)?);
+            None
+        }
+        None => Some((MODEL_FILE.to_string(), current)),
+    };
+    let models = main.into_iter().chain(
         trainer
             .frozen()
             .into_iter()
@@ -263,7 +291,11 @@ pub fn read_state(dir: &Path) -> Result<CheckpointState, CheckpointError> {
             ),
         ));
     }
-    for name in [MODEL_FILE, OPTIM_FILE, CONFIG_FILE] {
+    let weights = match state.lora {
+        Some(_) => adapters::ADAPTERS_FILE,
+        None => MODEL_FILE,
+    };
+    for name in [weights, OPTIM_FILE, CONFIG_FILE] {
         if !state.files.contains_key(name) {
             return Err(invalid(dir, format!("{STATE_FILE} does not list {name}")));
         }
@@ -318,7 +350,13 @@ pub fn load_policy(
     let config_path = dir.join(CONFIG_FILE);
     let config = ModelConfig::from_hf_json(&config_path)
         .map_err(|e| invalid(dir, format!("{CONFIG_FILE}: {e}")))?;
-    let model = read_model(dir, &state, MODEL_FILE, &config, device)?;
+    let model = match &state.lora {
+        Some(lora) => {
+            let bytes = read_verified(dir, &state, adapters::ADAPTERS_FILE)?;
+            adapters::load_model(dir, lora, bytes, &config, device)?
+        }
+        None => read_model(dir, &state, MODEL_FILE, &config, device)?,
+    };
     Ok((Policy::with_model(config, model, device), state))
 }
 

@@ -1,7 +1,7 @@
 //! The `[learner]` table of the config file: the loss and its options, the
 //! optimiser, batching, and how often to broadcast, checkpoint and evaluate.
 
-use bapo_policy::weights::Encoding;
+use bapo_policy::{lora::LoraConfig, weights::Encoding};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -173,6 +173,9 @@ pub struct LearnerConfig {
     /// `[learner.remix]`: ReMix's replay share, KL-Convex schedule and
     /// reincarnation (algo "remix").
     pub remix: RemixConfig,
+    /// `[learner.lora]`: train LoRA adapters on a frozen base instead of
+    /// every weight (absent: full fine-tuning).
+    pub lora: Option<LoraConfig>,
 }
 
 impl Default for LearnerConfig {
@@ -221,6 +224,7 @@ impl Default for LearnerConfig {
             seed: 0,
             spear: SpearConfig::default(),
             remix: RemixConfig::default(),
+            lora: None,
         }
     }
 }
@@ -366,7 +370,28 @@ impl LearnerConfig {
             return bad("broadcast_every", "must be at least 1");
         }
         self.broadcast_encoding()?;
+        self.validate_lora()?;
         self.validate_algo_tables()
+    }
+
+    /// `[learner.lora]` on its own; the rank against the model is checked
+    /// when the trainer meets the model.
+    fn validate_lora(&self) -> Result<(), ConfigError> {
+        let Some(lora) = &self.lora else {
+            return Ok(());
+        };
+        lora.validate().map_err(|e| ConfigError {
+            field: format!("learner.lora.{}", e.field),
+            message: e.message,
+        })?;
+        if self.algo == "remix" {
+            return Err(ConfigError::new(
+                "lora",
+                "is not supported with algo \"remix\" (its frozen policies would be whole-model \
+                 copies); use full fine-tuning or another algorithm",
+            ));
+        }
+        Ok(())
     }
 
     /// `[learner.spear]` and `[learner.remix]` are checked, and refused

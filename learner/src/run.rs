@@ -389,9 +389,21 @@ impl<'o> Session<'o> {
         if self.opts.export_final {
             let dir = self.opts.out.join("final");
             let policy = trainer.policy();
+            let fingerprint = trainer.base_fingerprint();
             tokio::task::spawn_blocking(move || {
                 bapo_policy::hf::save(&policy, &dir)
-                    .with_context(|| format!("exporting final weights to {}", dir.display()))
+                    .with_context(|| format!("exporting final weights to {}", dir.display()))?;
+                // Under LoRA, the adapters alone too, in PEFT's format.
+                if let Some(adapters) = &policy.model.lora {
+                    let meta = bapo_policy::peft::AdapterMeta {
+                        alpha: adapters.scale * adapters.rank() as f64,
+                        base: fingerprint,
+                    };
+                    let to = dir.join("adapter");
+                    bapo_policy::peft::write_dir(&to, adapters, meta, "base")
+                        .with_context(|| format!("exporting the adapters to {}", to.display()))?;
+                }
+                anyhow::Ok(())
             })
             .await
             .context("exporting the final weights panicked")??;
@@ -436,9 +448,16 @@ async fn sample(client: &mut BatchSourceClient<AuthChannel>, groups: u32) -> Opt
 async fn publish(hub: &WeightHub, t: &Trainer) -> anyhow::Result<()> {
     let policy = t.policy();
     let encoding = t.config().broadcast_encoding()?;
-    let (hub, version) = (hub.clone(), t.version());
-    tokio::task::spawn_blocking(move || {
-        hub.publish_as(&policy.model, &policy.config, version, encoding)
+    let (hub, version, fingerprint) = (hub.clone(), t.version(), t.base_fingerprint());
+    tokio::task::spawn_blocking(move || match &policy.model.lora {
+        // LoRA: the base once, then adapters only.
+        Some(adapters) => {
+            if !hub.has_base() {
+                hub.set_base(&policy.model, &policy.config, fingerprint, encoding)?;
+            }
+            hub.publish_adapters(adapters, &policy.config, version, encoding)
+        }
+        None => hub.publish_as(&policy.model, &policy.config, version, encoding),
     })
     .await
     .context("encoding weights for the broadcast panicked")?

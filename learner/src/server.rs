@@ -100,6 +100,7 @@ impl WeightSource for WeightSourceService {
         let verified = tls::peer(&request).map(|p| p.id.clone());
         let req = request.into_inner();
         let mut held = Held::from_request(&req);
+        let mut held_base = req.have_base;
         let mut rx = self.hub.subscribe();
         let mut closed = self.hub.closed();
         if *closed.borrow() {
@@ -117,7 +118,13 @@ impl WeightSource for WeightSourceService {
                 if let Some(p) = newest
                     && wanted(held, &p)
                 {
-                    if !send(&tx, &p).await {
+                    if let Some(base) = p.base.as_ref().filter(|b| b.fingerprint != held_base) {
+                        if !send(&tx, base, p.version).await {
+                            break;
+                        }
+                        held_base = base.fingerprint;
+                    }
+                    if !send(&tx, &p, p.version).await {
                         break;
                     }
                     histogram!(names::WEIGHT_PUBLISH_SECONDS).record(p.at.elapsed().as_secs_f64());
@@ -135,20 +142,23 @@ impl WeightSource for WeightSourceService {
     }
 }
 
-/// Sends `p` as one update message and its chunks; false once the
-/// subscriber has gone.
-async fn send(tx: &Sink, p: &Published) -> bool {
+/// Sends `p` as one update message and its chunks, as `version` (a base
+/// goes out under the version of the adapters that follow it); false
+/// once the subscriber has gone.
+async fn send(tx: &Sink, p: &Published, version: u64) -> bool {
     let chunks: Vec<_> = (0..p.payload.len())
         .step_by(CHUNK_BYTES)
         .map(|s| p.payload.slice(s..(s + CHUNK_BYTES).min(p.payload.len())))
         .collect();
     let update = WeightUpdate {
-        version: p.version,
+        version,
         header: p.header.clone(),
         payload_len: p.payload.len() as u64,
         chunks: chunks.len() as u32,
         model_config_json: p.config_json.clone(),
         incarnation: p.incarnation,
+        base: p.is_base(),
+        base_fingerprint: p.fingerprint,
     };
     let messages = std::iter::once(Kind::Update(update)).chain(chunks.into_iter().map(Kind::Chunk));
     for kind in messages {
@@ -210,6 +220,8 @@ mod tests {
             payload: Bytes::new(),
             config_json: String::new(),
             at: Instant::now(),
+            base: None,
+            fingerprint: 0,
         }
     }
 

@@ -18,6 +18,7 @@ use bapo_policy::{
         tensor::Bytes,
     },
     logprob::{next_token_logprobs, next_token_logprobs_and_entropy},
+    lora,
     model::Transformer,
     rope::Rope,
 };
@@ -167,6 +168,58 @@ pub struct Trainer {
     spear: Option<SpearMemory>,
     /// ReMix's replay memory and frozen policies (algo "remix").
     remix: Option<RemixRun>,
+    /// [`lora::fingerprint`] of the frozen base under LoRA; 0 without.
+    base_fingerprint: u64,
+}
+
+/// `model` (autodiff form) ready for `cfg`: under `[learner.lora]` its base
+/// frozen and adapters, fresh or restored, the only trainable weights;
+/// without, unchanged (and refused if it carries adapters).
+fn with_adapters(
+    cfg: &LearnerConfig,
+    config: &ModelConfig,
+    mut model: Transformer,
+) -> Result<Transformer, TrainError> {
+    let lora_err = |m: String| TrainError::Config(ConfigError::new("lora", m));
+    let Some(l) = &cfg.lora else {
+        return match model.lora {
+            Some(_) => Err(lora_err(
+                "is not set, but the weights carry LoRA adapters (a LoRA checkpoint): set \
+                 [learner.lora] as it was trained"
+                    .into(),
+            )),
+            None => Ok(model),
+        };
+    };
+    l.validate_for(config)
+        .map_err(|e| lora_err(e.to_string()))?;
+    let Some(mut adapters) = model.lora.take() else {
+        model
+            .embed_tokens
+            .weight
+            .val()
+            .device()
+            .seed(cfg.seed ^ 0x4c6f_5241);
+        return Ok(lora::attach(model, config, l));
+    };
+    let mut want = l.targets.clone();
+    want.sort();
+    let same_scale = (adapters.scale - l.scale()).abs() <= 1e-12 * l.scale();
+    if adapters.rank() != l.rank || adapters.targets() != want || !same_scale {
+        return Err(lora_err(format!(
+            "the adapters were trained with rank {}, scale {}, targets {:?}; the config asks \
+             for rank {}, scale {}, targets {want:?}",
+            adapters.rank(),
+            adapters.scale,
+            adapters.targets(),
+            l.rank,
+            l.scale()
+        )));
+    }
+    adapters.dropout = l.dropout;
+    let mut model = model.no_grad();
+    model.lora = Some(adapters.set_require_grad(true));
+    Ok(model)
 }
 
 impl Trainer {
@@ -182,10 +235,20 @@ impl Trainer {
             policy.config.max_position_embeddings,
             &device,
         );
-        let reference = (cfg.kl_coef > 0.0).then(|| policy.model.valid());
+        // Under LoRA the reference is the base with the adapters off: the
+        // same tensors, no second copy of the model.
+        let reference = (cfg.kl_coef > 0.0).then(|| lora::base_of(&policy.model.valid()));
         let spear = (cfg.algo == "spear").then(SpearMemory::default);
         let remix = (cfg.algo == "remix").then(|| RemixRun::new(policy.model.valid()));
-        let model = policy.model.to_device(&device).train();
+        let base_fingerprint = match cfg.lora {
+            Some(_) => lora::fingerprint(&policy.model),
+            None => 0,
+        };
+        let model = with_adapters(
+            &cfg,
+            &policy.config,
+            policy.model.to_device(&device).train(),
+        )?;
         let optim = AdamWConfig::new()
             .with_beta_1(cfg.beta1 as f32)
             .with_beta_2(cfg.beta2 as f32)
@@ -205,7 +268,13 @@ impl Trainer {
             batches: 0,
             spear,
             remix,
+            base_fingerprint,
         })
+    }
+
+    /// The fingerprint of the frozen base under LoRA (0 without).
+    pub fn base_fingerprint(&self) -> u64 {
+        self.base_fingerprint
     }
 
     /// A trainer that continues a saved run: `policy` holds the weights

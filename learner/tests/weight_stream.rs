@@ -48,6 +48,7 @@ async fn subscribe(
             actor_id: "test".into(),
             have_version,
             have_incarnation,
+            ..Default::default()
         })
         .await
         .unwrap()

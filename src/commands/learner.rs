@@ -150,6 +150,7 @@ fn start_trainer(
             Provenance::default(),
         ));
     };
+    check_base(&dir, &policy)?;
     let (mut t, state) = checkpoint::load(&dir, cfg.learner.clone(), device)
         .with_context(|| format!("resuming from {}", dir.display()))?;
     t.set_precision(cfg.model.precision);
@@ -160,6 +161,24 @@ fn start_trainer(
         dir.display()
     );
     Ok((t, state.provenance))
+}
+
+/// A LoRA checkpoint resumes only on the base it was trained on: the one
+/// the learner's `[model]` names now.
+fn check_base(dir: &std::path::Path, policy: &Policy) -> anyhow::Result<()> {
+    let state = checkpoint::read_state(dir)?;
+    let Some(lora) = state.lora else {
+        return Ok(());
+    };
+    let here = format!("{:016x}", bapo_policy::lora::fingerprint(&policy.model));
+    anyhow::ensure!(
+        here == lora.base_fingerprint,
+        "resuming from {}: its LoRA adapters were trained on base {}, but [model] now loads \
+         base {here}",
+        dir.display(),
+        lora.base_fingerprint
+    );
+    Ok(())
 }
 
 /// The periodic held-out evaluation, when `[learner] eval_every` asks for one.

@@ -202,10 +202,11 @@ impl Trainer {
     }
 
     /// The frozen policies this run keeps, by file stem: the KL reference,
-    /// ReMix's `π_base` and `π_{k−1}`.
+    /// ReMix's `π_base` and `π_{k−1}`. Under LoRA the reference is the
+    /// base, which the checkpoint holds anyway.
     pub fn frozen(&self) -> Vec<(&'static str, Transformer)> {
         let mut v = Vec::new();
-        if let Some(r) = &self.reference {
+        if let Some(r) = self.reference.as_ref().filter(|_| self.cfg.lora.is_none()) {
             v.push(("reference", r.clone()));
         }
         if let Some(remix) = &self.remix {
@@ -221,7 +222,7 @@ impl Trainer {
     /// exists after a first batch).
     pub fn frozen_names(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
-        if self.reference.is_some() {
+        if self.reference.is_some() && self.cfg.lora.is_none() {
             v.push("reference");
         }
         if self.remix.is_some() {
