@@ -6,6 +6,8 @@
 # text, a checkpoint and the HF export were written and load again.
 #
 #   scripts/smoke-smollm2.sh [GSM8K_JSONL]   # default ../shared/data/gsm8k/test.jsonl
+#   BAPO_SMOKE_LORA=1 scripts/smoke-smollm2.sh  # the same with LoRA adapters (--lora)
+#   BAPO_BIN=path/to/bapo ...                   # a bapo already built (any features)
 #
 # Not in .ci/run: on two cores it takes minutes of the 45-minute budget
 # (see docs/policy.md); run it before touching the model, tokenizer or
@@ -19,11 +21,16 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/bapo/target}"
 OUT="${BAPO_SMOKE_OUT:-$(mktemp -d)}"
 start=$(date +%s)
 bash scripts/convert-smollm2.sh >&2
-cargo build -q -p bapo
-BAPO="$CARGO_TARGET_DIR/debug/bapo"
+BAPO="${BAPO_BIN:-}"
+if [[ -z "$BAPO" ]]; then
+  cargo build -q -p bapo
+  BAPO="$CARGO_TARGET_DIR/debug/bapo"
+fi
+LORA=()
+[[ "${BAPO_SMOKE_LORA:-0}" == 1 ]] && LORA=(--lora)
 "$BAPO" run --config configs/smollm2-gsm8k.toml --init "$MODEL" --data "$DATA" \
-    --out "$OUT/run"
-python3 - "$OUT/run" <<'PY'
+    --out "$OUT/run" "${LORA[@]}"
+BAPO_SMOKE_LORA="${BAPO_SMOKE_LORA:-0}" python3 - "$OUT/run" <<'PY'
 import json, pathlib, sys
 run = pathlib.Path(sys.argv[1])
 steps = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()
@@ -34,6 +41,14 @@ assert last["version"] >= 3, f"versions did not advance: {last}"
 assert any("reward_mean" in s for s in steps), "no reward in the step records"
 assert (run / "final" / "config.json").exists(), "no HF export"
 assert (run / "final" / "tokenizer_config.json").exists(), "the export lost its chat template"
+import os
+if os.environ["BAPO_SMOKE_LORA"] == "1":
+    ckpts = sorted((run / "checkpoints").glob("step-*"))
+    state = json.loads((ckpts[-1] / "state.json").read_text())
+    assert "lora" in state and "adapters.bpk" in state["files"], "not a LoRA checkpoint"
+    cfg = json.loads((run / "final" / "adapter" / "adapter_config.json").read_text())
+    assert cfg["peft_type"] == "LORA" and cfg["r"] == 16, cfg
+    print(f"smoke-smollm2: LoRA r {cfg['r']}, base {state['lora']['base_fingerprint']}")
 print(f"smoke-smollm2: {len(steps)} steps, version {last['version']}, "
       f"mean reward {last.get('reward_mean')}")
 PY

@@ -4,6 +4,11 @@
 //! `bapo bench model` times a bare training step; this one is what the
 //! learner service runs, so its memory is what a learner pod needs.
 //!
+//! With `--lora-rank R` (the default, 16), the same steps under LoRA
+//! first, then full fine-tuning as the reference, in one process: step
+//! time, peak memory of each phase (the peak is reset between them) and
+//! the bytes one broadcast carries.
+//!
 //! Then the publish after a step: encoding the weights for the broadcast,
 //! beside the copy it no longer makes (the reference), and how long an
 //! async runtime stalls when the publish runs on it (the old path) and
@@ -19,7 +24,7 @@ use std::{
 };
 
 use bapo_learner::{LearnerConfig, TrainGroup, Trainer, broadcast::WeightHub, rollouts::Sequence};
-use bapo_policy::{Policy, burn::prelude::*, weights::Encoding};
+use bapo_policy::{ModelConfig, Policy, burn::prelude::*, lora::LoraConfig, weights::Encoding};
 use clap::Args;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
@@ -44,6 +49,10 @@ pub struct LearnerBenchArgs {
     /// Timed steps, after one untimed.
     #[arg(long, default_value_t = 2)]
     pub steps: usize,
+    /// LoRA rank of the first phase (all projections, alpha 2r); 0 runs
+    /// full fine-tuning only.
+    #[arg(long, default_value_t = 16)]
+    pub lora_rank: usize,
 }
 
 /// Random tokens, rewards alternating right and wrong, behaviour
@@ -76,18 +85,14 @@ fn peak_rss_gb() -> Option<f64> {
     Some(kb / 1e6)
 }
 
+/// Resets the process's peak resident set to its current one (Linux
+/// `clear_refs` 5), so the next phase's peak is its own.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
 pub fn run(a: LearnerBenchArgs) -> anyhow::Result<()> {
     let config = super::model_config(&a.config)?;
-    let policy = Policy::init(config.clone(), &Device::flex());
-    let cfg = LearnerConfig {
-        algo: "bapo".into(),
-        batch_groups: a.groups,
-        micro_batch_seqs: a.micro_batch_seqs,
-        max_response_tokens: a.response,
-        ..Default::default()
-    };
-    let mut trainer = Trainer::new(cfg, policy, 0)?;
-    let batch = groups(&a, config.vocab_size as u32);
     let tokens = a.groups as usize * a.group_size * (a.prompt + a.response);
     println!(
         "bapo bench learner: {} ({:.1} M parameters), {} groups x {} x ({} + {}) tokens, micro-batches of {} sequences",
@@ -99,6 +104,46 @@ pub fn run(a: LearnerBenchArgs) -> anyhow::Result<()> {
         a.response,
         a.micro_batch_seqs
     );
+    if a.lora_rank > 0 {
+        let lora = LoraConfig {
+            rank: a.lora_rank,
+            alpha: 2.0 * a.lora_rank as f64,
+            ..LoraConfig::default()
+        };
+        println!(
+            "-- LoRA r = {} on every projection, base frozen",
+            a.lora_rank
+        );
+        let trainer = phase(&a, &config, Some(lora), tokens)?;
+        broadcast_bytes(&trainer)?;
+        drop(trainer);
+        reset_peak_rss();
+        println!("-- reference: full fine-tuning");
+    }
+    let trainer = phase(&a, &config, None, tokens)?;
+    broadcast_bytes(&trainer)?;
+    publish_numbers(&trainer)
+}
+
+/// One untimed and `a.steps` timed learner steps; prints their times and
+/// the phase's peak memory.
+fn phase(
+    a: &LearnerBenchArgs,
+    config: &ModelConfig,
+    lora: Option<LoraConfig>,
+    tokens: usize,
+) -> anyhow::Result<Trainer> {
+    let policy = Policy::init(config.clone(), &Device::flex());
+    let cfg = LearnerConfig {
+        algo: "bapo".into(),
+        batch_groups: a.groups,
+        micro_batch_seqs: a.micro_batch_seqs,
+        max_response_tokens: a.response,
+        lora,
+        ..Default::default()
+    };
+    let mut trainer = Trainer::new(cfg, policy, 0)?;
+    let batch = groups(a, config.vocab_size as u32);
     let t0 = Instant::now();
     trainer.step(&batch)?;
     println!("untimed first step: {:.1} s", t0.elapsed().as_secs_f64());
@@ -114,11 +159,32 @@ pub fn run(a: LearnerBenchArgs) -> anyhow::Result<()> {
             r.loss
         );
     }
-    publish_numbers(&trainer)?;
     match peak_rss_gb() {
         Some(gb) => println!("peak resident memory: {gb:.2} GB"),
         None => println!("peak resident memory: unknown (no /proc/self/status)"),
     }
+    Ok(trainer)
+}
+
+/// The bytes one broadcast carries (f32): adapters under LoRA, the model
+/// otherwise.
+fn broadcast_bytes(trainer: &Trainer) -> anyhow::Result<()> {
+    let policy = trainer.policy();
+    let hub = WeightHub::with_incarnation(1);
+    if policy.model.lora.is_some() {
+        // Sent once per subscriber, not per version: outside the timing.
+        hub.set_base(&policy.model, &policy.config, 1, Encoding::F32)?;
+    }
+    let t0 = Instant::now();
+    let p = match &policy.model.lora {
+        Some(adapters) => hub.publish_adapters(adapters, &policy.config, 1, Encoding::F32)?,
+        None => hub.publish_as(&policy.model, &policy.config, 1, Encoding::F32)?,
+    };
+    println!(
+        "one broadcast (f32): {:.2} MB, encoded in {:.2} s",
+        p.payload.len() as f64 / 1e6,
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

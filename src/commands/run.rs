@@ -50,6 +50,12 @@ pub struct RunArgs {
     /// No progress bar: log lines only.
     #[arg(long)]
     pub quiet: bool,
+    /// Train LoRA adapters on the frozen warm start instead of every
+    /// weight: r 16, alpha 32 on all attention and MLP projections, at
+    /// 10x learner.lr (as "LoRA Without Regret" advises). A
+    /// [learner.lora] table in the config is used as it is instead.
+    #[arg(long)]
+    pub lora: bool,
     #[command(flatten)]
     pub device: common::DeviceArgs,
 }
@@ -69,6 +75,7 @@ impl RunArgs {
             sft_steps: self.sft_steps,
             seed: self.seed,
             quiet: self.quiet,
+            lora: self.lora,
             device: self.device,
         }
     }
