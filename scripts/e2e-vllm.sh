@@ -8,6 +8,8 @@
 #      vLLM generation tokens/s at batch 8 and 64, a weight version
 #      published mid-generation (the engine's spans), a killed server
 #      recovered; in float32, and again in bfloat16 for the mismatch;
+#      then LoRA (float32): adapters loaded at run time as versions, a
+#      request in flight kept on its adapter, log-probs against bapo's;
 #   2. the loop: `bapo run --config configs/smollm2-vllm.toml` (buffer,
 #      learner and one vLLM actor as processes over gRPC) on GSM8K, with
 #      the vLLM server killed (SIGKILL) after the second learner step;
@@ -38,9 +40,13 @@ if [[ "${BAPO_E2E_SKIP_ENGINE:-0}" != 1 ]]; then
   for dtype in float32 bfloat16; do
     say "engine test, $dtype"
     # --workspace: the features of the README's test build, so nothing rebuilds.
+    # The LoRA test runs once, in float32 (its filter below).
     BAPO_VLLM_DTYPE=$dtype cargo test -q --workspace --features wgpu --test vllm_engine -- \
-      --ignored --nocapture 2>&1 | tee "$OUT/engine-$dtype.log" | grep -E 'mismatch|generation,|publish|serving|in-flight|after|test result' >&2
+      --ignored --nocapture serves_versions_matches 2>&1 | tee "$OUT/engine-$dtype.log" | grep -E 'mismatch|generation,|publish|serving|in-flight|after|test result' >&2
   done
+  say "engine test, LoRA adapters"
+  cargo test -q --workspace --features wgpu --test vllm_engine -- \
+    --ignored --nocapture serves_lora 2>&1 | tee "$OUT/engine-lora.log" | grep -E 'LoRA|test result' >&2
 fi
 
 say "bapo run with a vLLM actor"

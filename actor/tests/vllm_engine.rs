@@ -269,3 +269,145 @@ async fn a_real_vllm_engine_serves_versions_matches_and_recovers() {
     );
     assert!(after.iter().all(|r| r.versions.iter().all(|&v| v == 2)));
 }
+
+/// `v`'s policy with LoRA adapters of rank 16 on every projection, their
+/// `B` drawn at random (seed `seed`) so they change the outputs.
+fn with_adapters(base: &Policy, seed: u64, base_fingerprint: u64) -> Policy {
+    use bapo_policy::{
+        burn::{module::Param, tensor::Distribution},
+        lora::{Adapters, LoraConfig},
+    };
+    let cpu = Device::flex();
+    cpu.seed(seed);
+    let mut adapters = Adapters::init(&base.config, &LoraConfig::default(), &cpu);
+    adapters.base = base_fingerprint;
+    for layer in &mut adapters.layers {
+        for pair in [
+            &mut layer.q_proj,
+            &mut layer.k_proj,
+            &mut layer.v_proj,
+            &mut layer.o_proj,
+            &mut layer.gate_proj,
+            &mut layer.up_proj,
+            &mut layer.down_proj,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let shape = pair.b.val().shape();
+            pair.b =
+                Param::from_tensor(Tensor::random(shape, Distribution::Normal(0.0, 0.02), &cpu));
+        }
+    }
+    let mut model = base.model.clone();
+    model.lora = Some(adapters);
+    Policy::with_model(base.config.clone(), model, &cpu)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs vLLM (scripts/vllm-env.sh) and SmolLM2 (scripts/convert-smollm2.sh); scripts/e2e-vllm.sh runs it"]
+async fn a_real_vllm_engine_serves_lora_adapters_as_versions() {
+    let model = smollm2();
+    let cpu = Device::flex();
+    let base = hf::load(&model, &cpu).unwrap();
+    let fp = bapo_policy::lora::fingerprint(&base.model);
+    let v1 = Arc::new(Versioned {
+        version: 1,
+        incarnation: 5,
+        policy: with_adapters(&base, 1, fp),
+    });
+    let (weights_tx, weights_rx) = watch::channel(Some(v1.clone()));
+    let (_stop_tx, stop_rx) = watch::channel(false);
+    let cfg = VllmConfig {
+        dtype: "float32".into(),
+        lora_rank: 16,
+        extra_args: [
+            "--enforce-eager",
+            "--max-model-len",
+            "1024",
+            "--max-num-seqs",
+            "16",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let s = vllm::start(
+        &cfg,
+        UpdateMode::Partial,
+        Some(model.clone()),
+        weights_rx,
+        stop_rx,
+    )
+    .unwrap();
+    let (engine, mut serving) = (s.engine, s.serving);
+    wait_serving(&mut serving, 1).await;
+    eprintln!(
+        "LoRA engine up and serving v1 after {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // The engine computes base + adapter: its log-probs match bapo's
+    // adapted policy, not the base.
+    let prompt: Vec<u32> = (0..16).map(|i| 100 + 37 * i).collect();
+    let t = 0.8;
+    let params = SamplingParams {
+        temperature: t,
+        max_new_tokens: 48,
+        seed: 11,
+        ..Default::default()
+    };
+    let rs = group(&engine, &prompt, 4, &params).await;
+    assert!(rs.iter().all(|r| r.versions.iter().all(|&v| v == 1)));
+    let (max, mean, _) = mismatch(&v1.policy, &prompt, &rs, t);
+    let (vs_base, _, _) = mismatch(&base, &prompt, &rs, t);
+    eprintln!(
+        "LoRA v1: max |d logp| vs bapo's adapted policy {max:.2e} (mean {mean:.2e}), vs the base {vs_base:.2e}"
+    );
+    assert!(max < 1e-2, "vLLM's adapter log-probs off bapo's by {max}");
+    assert!(vs_base > 0.1, "the adapter did not change vLLM's outputs");
+
+    // A new version while a long request is in flight: the request stays
+    // on adapter v1 to its end (every token v1 and v1's log-probs); a
+    // fresh one runs on v2. Only the adapter travels: no reload.
+    let v2 = Arc::new(Versioned {
+        version: 2,
+        incarnation: 5,
+        policy: with_adapters(&base, 2, fp),
+    });
+    let long = SamplingParams {
+        temperature: 1.0,
+        max_new_tokens: 200,
+        seed: 3,
+        ..Default::default()
+    };
+    let e = engine.clone();
+    let p = prompt.clone();
+    let in_flight = tokio::spawn(async move { group(&e, &p, 2, &long).await });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let published = Instant::now();
+    weights_tx.send(Some(v2.clone())).unwrap();
+    wait_serving(&mut serving, 2).await;
+    eprintln!(
+        "publish to serving LoRA v2: {:.2} s",
+        published.elapsed().as_secs_f64()
+    );
+    let spanning = in_flight.await.unwrap();
+    assert!(spanning.iter().all(|r| r.versions.iter().all(|&v| v == 1)));
+    let (old, _, _) = mismatch(&v1.policy, &prompt, &spanning, 1.0);
+    assert!(old < 1e-2, "the in-flight request left adapter v1: {old}");
+    let fresh = group(&engine, &prompt, 4, &params).await;
+    assert!(fresh.iter().all(|r| r.versions.iter().all(|&v| v == 2)));
+    let (max2, _, _) = mismatch(&v2.policy, &prompt, &fresh, t);
+    let (against_v1, _, _) = mismatch(&v1.policy, &prompt, &fresh, t);
+    eprintln!("LoRA v2: max |d logp| vs v2 {max2:.2e}, vs v1 {against_v1:.2e}");
+    assert!(
+        max2 < 1e-2,
+        "the engine does not compute with adapter v2: {max2}"
+    );
+    assert!(
+        against_v1 > 0.1,
+        "v2 loaded but the engine still computes v1"
+    );
+}

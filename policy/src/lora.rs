@@ -287,6 +287,11 @@ pub struct Adapters {
     /// track gradients (the learner's training forward).
     #[module(skip)]
     pub dropout: f64,
+    /// [`fingerprint`] of the base these adapters belong to (0: unknown),
+    /// as the weight stream or a file named it: an engine that must hold
+    /// that base reloads it when it changes.
+    #[module(skip)]
+    pub base: u64,
 }
 
 impl Adapters {
@@ -306,16 +311,18 @@ impl Adapters {
             layers,
             scale: cfg.scale(),
             dropout: cfg.dropout,
+            base: 0,
         }
     }
 
     /// Adapters of loaded layers (no dropout: they are for inference or
     /// to resume from; the learner sets its own).
-    pub(crate) fn with_layers(layers: Vec<LayerAdapters>, scale: f64) -> Self {
+    pub(crate) fn with_layers(layers: Vec<LayerAdapters>, scale: f64, base: u64) -> Self {
         Self {
             layers,
             scale,
             dropout: 0.0,
+            base,
         }
     }
 

@@ -183,7 +183,7 @@ pub fn decode(
     };
     cfg.validate()
         .map_err(|e| PeftError::Format(e.to_string()))?;
-    Ok((Adapters::with_layers(layers, cfg.scale()), meta))
+    Ok((Adapters::with_layers(layers, cfg.scale(), base), meta))
 }
 
 /// Every layer's pairs, checked complete and of one rank.

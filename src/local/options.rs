@@ -86,6 +86,7 @@ impl RunOptions {
         c.buffer.batch_groups = c.learner.batch_groups;
         c.buffer.group_size = c.actor.group_size as u32;
         c.learner.temperature = c.actor.sampling.temperature;
+        c.actor.vllm.lora_rank = c.learner.lora.as_ref().map_or(0, |l| l.rank);
         c.learner.validate()?;
         c.buffer.validate()?;
         c.actor.validate()?;

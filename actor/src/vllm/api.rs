@@ -121,13 +121,17 @@ impl Api {
         )
     }
 
+    /// `params.n` samples of `prompt` from the served model, or from LoRA
+    /// adapter `adapter` on it.
     pub async fn generate(
         &self,
         prompt: &[u32],
         params: &SamplingParams,
+        adapter: Option<&str>,
         timeout: Duration,
     ) -> Result<Generated, ApiError> {
-        let body = json!({"model": self.model, "token_ids": prompt, "sampling_params": params});
+        let model = adapter.unwrap_or(&self.model);
+        let body = json!({"model": model, "token_ids": prompt, "sampling_params": params});
         let v = self
             .post("/inference/v1/generate", Some(body), timeout)
             .await?;
@@ -157,6 +161,38 @@ impl Api {
         self.rpc("reload_hf_dir", json!([dir]), timeout)
             .await
             .map(drop)
+    }
+
+    /// Loads the PEFT adapter directory `dir` (absolute) as `name`
+    /// (`VLLM_ALLOW_RUNTIME_LORA_UPDATING` and `--enable-lora`).
+    pub async fn load_lora(
+        &self,
+        name: &str,
+        dir: &str,
+        timeout: Duration,
+    ) -> Result<(), ApiError> {
+        let body = json!({"lora_name": name, "lora_path": dir});
+        self.post_text("/v1/load_lora_adapter", body, timeout).await
+    }
+
+    /// Unloads adapter `name`.
+    pub async fn unload_lora(&self, name: &str, timeout: Duration) -> Result<(), ApiError> {
+        let body = json!({"lora_name": name});
+        self.post_text("/v1/unload_lora_adapter", body, timeout)
+            .await
+    }
+
+    /// A POST whose success answer is plain text (the LoRA routes).
+    async fn post_text(&self, route: &str, body: Value, timeout: Duration) -> Result<(), ApiError> {
+        let (status, text) = self.call("POST", route, Some(body), timeout).await?;
+        if (200..300).contains(&status) {
+            return Ok(());
+        }
+        Err(ApiError::Status {
+            route: route.to_string(),
+            status,
+            body: text.chars().take(2000).collect(),
+        })
     }
 
     /// The served model's architecture as the worker sees it (bapo's

@@ -47,6 +47,10 @@ pub struct VllmConfig {
     /// Restarts of a started server that died, before the actor gives up
     /// and exits non-zero (the count resets after an hour of health).
     pub max_restarts: u32,
+    /// The learner trains LoRA adapters of this rank (`[learner.lora]`;
+    /// `bapo run` copies it): a started server gets runtime LoRA loading
+    /// and each version is loaded as an adapter. 0: full weights.
+    pub lora_rank: usize,
 }
 
 impl Default for VllmConfig {
@@ -67,6 +71,7 @@ impl Default for VllmConfig {
             request_timeout_s: 600.0,
             reload_timeout_s: 120.0,
             max_restarts: 3,
+            lora_rank: 0,
         }
     }
 }
@@ -101,6 +106,16 @@ pub enum VllmConfigError {
          HF models vLLM can load"
     )]
     NoModel,
+    #[error("actor.vllm.lora_rank = {0}: vLLM serves ranks up to {max}", max = VLLM_LORA_RANKS[VLLM_LORA_RANKS.len() - 1])]
+    LoraRank(usize),
+}
+
+/// The values vLLM 0.32 accepts for `--max-lora-rank`.
+pub const VLLM_LORA_RANKS: [usize; 9] = [1, 8, 16, 32, 64, 128, 256, 320, 512];
+
+/// The smallest `--max-lora-rank` vLLM accepts that holds rank `r`.
+pub fn vllm_max_lora_rank(r: usize) -> Option<usize> {
+    VLLM_LORA_RANKS.into_iter().find(|&m| m >= r)
 }
 
 impl VllmConfig {
@@ -120,6 +135,9 @@ impl VllmConfig {
         }
         if !["float32", "bfloat16", "float16"].contains(&self.dtype.as_str()) {
             return Err(VllmConfigError::Dtype(self.dtype.clone()));
+        }
+        if vllm_max_lora_rank(self.lora_rank).is_none() {
+            return Err(VllmConfigError::LoraRank(self.lora_rank));
         }
         for (name, s) in [
             ("start_timeout_s", self.start_timeout_s),
@@ -169,5 +187,17 @@ mod tests {
             with(|c| c.reload_timeout_s = 0.0),
             Err(VllmConfigError::Seconds("reload_timeout_s", _))
         ));
+        let rank = with(|c| c.lora_rank = 600).unwrap_err();
+        assert!(rank.to_string().contains("actor.vllm.lora_rank"), "{rank}");
+    }
+
+    #[test]
+    fn a_lora_rank_maps_to_the_smallest_max_rank_vllm_accepts() {
+        let m = |r| vllm_max_lora_rank(r);
+        assert_eq!(
+            [m(0), m(1), m(2), m(16), m(17), m(512)],
+            [Some(1), Some(1), Some(8), Some(16), Some(32), Some(512)]
+        );
+        assert_eq!(m(513), None);
     }
 }

@@ -110,6 +110,20 @@ fn versions(spans: &[VersionSpan], n: usize) -> Result<(Vec<u32>, u64), ChoiceEr
     Ok((out, incarnation.unwrap_or(0)))
 }
 
+/// Labels every token of `choices` as adapter `name`'s version: a request
+/// on a LoRA adapter is computed by that adapter to its end (vLLM keeps a
+/// request on the adapter it started with), while the engine's own spans
+/// carry the base's label.
+pub fn label_by_adapter(choices: &mut [Choice], name: &str) {
+    for c in choices {
+        c.weight_versions = vec![VersionSpan {
+            version: name.to_string(),
+            start: 0,
+            end: c.token_ids.len(),
+        }];
+    }
+}
+
 /// The group's responses, in the order of the engine's choice indices,
 /// and their one incarnation; the first reason a choice is unusable
 /// otherwise (the group is then generated again).
@@ -179,6 +193,21 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn a_request_on_an_adapter_is_that_adapters_version_throughout() {
+        // The engine's spans carry the base's label (or a later swap's);
+        // the adapter the request named is what computed it.
+        let mut cs = vec![
+            choice(0, 3, vec![span(UNKNOWN, 0, 3)], "stop"),
+            choice(1, 2, vec![span("7.1", 0, 1), span("7.2", 1, 2)], "length"),
+        ];
+        label_by_adapter(&mut cs, &label(7, 4));
+        let (rs, inc) = responses(cs).unwrap();
+        assert_eq!(inc, 7);
+        assert_eq!(rs[0].versions, vec![4, 4, 4]);
+        assert_eq!(rs[1].versions, vec![4, 4]);
     }
 
     #[test]

@@ -17,7 +17,11 @@
 //! weight update aborts the requests in flight and their groups are
 //! generated again under the new version; in partial mode they are
 //! paused with their KV cache and go on with the new weights (the spans
-//! say where the version changed). Leases and staleness are unchanged:
+//! say where the version changed). Under LoRA each version is an adapter
+//! loaded beside the base and each request names the one it runs on; vLLM
+//! keeps a request on its adapter to the end, so every token of it is that
+//! version (in restart mode an update still aborts what is in flight).
+//! Leases and staleness are unchanged:
 //! the slots see a version (for the lease's weight wait and the
 //! versions-behind gauge) only once the engine serves it.
 
@@ -52,6 +56,8 @@ const MAX_ATTEMPTS: usize = 8;
 pub struct Engine {
     api: Api,
     request_timeout: Duration,
+    /// What the engine serves: under LoRA, which adapter a request names.
+    serving: PolicyCell,
     /// Keeps a weights directory of the actor's own alive.
     _own_dir: Option<tempfile::TempDir>,
 }
@@ -129,6 +135,7 @@ pub fn start(
         weights_dir,
         mode,
         reload_timeout: Duration::from_secs_f64(cfg.reload_timeout_s),
+        lora: sync::LoraState::default(),
     };
     let loading = tokio::spawn(sync::follow(loader, weights, up_rx, ready_tx, stop));
     let background = tokio::spawn(async move {
@@ -144,6 +151,7 @@ pub fn start(
         engine: Arc::new(Engine {
             api,
             request_timeout: Duration::from_secs_f64(cfg.request_timeout_s),
+            serving: ready_rx.clone(),
             _own_dir: own_dir,
         }),
         serving: ready_rx,
@@ -152,6 +160,15 @@ pub fn start(
 }
 
 impl Engine {
+    /// Under LoRA, the name of the adapter the engine serves (its version's
+    /// label); `None` for full weights.
+    fn adapter(&self) -> Option<String> {
+        let v = self.serving.borrow();
+        v.as_ref()
+            .filter(|v| v.policy.model.lora.is_some())
+            .map(|v| group::label(v.incarnation, v.version))
+    }
+
     /// The server's base URL.
     pub fn url(&self) -> &str {
         self.api.base()
@@ -181,14 +198,27 @@ impl Engine {
             if abort.load(std::sync::atomic::Ordering::Relaxed) {
                 return Ok(Outcome::Aborted);
             }
+            let adapter = self.adapter();
             let generated = self
                 .api
-                .generate(prompt, &request, self.request_timeout)
-                .await
-                .map_err(|e| match e {
-                    e @ api::ApiError::Status { status: 400, .. } => GenerateError::Refused(e),
-                    e => GenerateError::Down(e),
-                })?;
+                .generate(prompt, &request, adapter.as_deref(), self.request_timeout)
+                .await;
+            let mut generated = match generated {
+                Ok(g) => g,
+                // The adapter picked was unloaded before the request
+                // arrived: pick again.
+                Err(e @ api::ApiError::Status { status: 404, .. }) if adapter.is_some() => {
+                    last = Some(group::ChoiceError::Malformed(e.to_string()));
+                    continue;
+                }
+                Err(e @ api::ApiError::Status { status: 400, .. }) => {
+                    return Err(GenerateError::Refused(e));
+                }
+                Err(e) => return Err(GenerateError::Down(e)),
+            };
+            if let Some(name) = &adapter {
+                group::label_by_adapter(&mut generated.choices, name);
+            }
             match group::responses(generated.choices) {
                 Ok((responses, incarnation)) if responses.len() == k => {
                     return Ok(Outcome::Done {

@@ -75,6 +75,7 @@ impl Launch {
             .args(["--dtype", &c.dtype, "--enable-scale-out"])
             .args(["--logprobs-mode", "processed_logprobs"])
             .args(["--worker-extension-cls", EXTENSION_CLASS])
+            .args(lora_args(c.lora_rank))
             .args(&c.extra_args)
             .env("PYTHONPATH", &self.ext_dir)
             .env("VLLM_SERVER_DEV_MODE", "1")
@@ -82,6 +83,7 @@ impl Launch {
             .env("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
             .env("HF_HUB_OFFLINE", "1")
             .env("TRANSFORMERS_OFFLINE", "1")
+            .envs((c.lora_rank > 0).then_some(("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")))
             .envs(&c.env)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -232,4 +234,24 @@ pub fn free_port() -> std::io::Result<u16> {
 /// The extension module's directory inside `weights_dir`.
 pub fn ext_dir(weights_dir: &Path) -> PathBuf {
     weights_dir.join("ext")
+}
+
+/// Runtime LoRA loading for adapters of rank `r` (none for 0): two
+/// adapters resident, the serving one and the one before it, so a request
+/// that picked the older name just before a swap still finds it.
+fn lora_args(r: usize) -> Vec<String> {
+    match (r, super::config::vllm_max_lora_rank(r)) {
+        (0, _) | (_, None) => Vec::new(),
+        (_, Some(max)) => [
+            "--enable-lora",
+            "--max-lora-rank",
+            &max.to_string(),
+            "--max-loras",
+            "2",
+            "--max-cpu-loras",
+            "3",
+        ]
+        .map(String::from)
+        .to_vec(),
+    }
 }

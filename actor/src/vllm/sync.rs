@@ -36,6 +36,19 @@ pub struct Loader {
     pub weights_dir: PathBuf,
     pub mode: UpdateMode,
     pub reload_timeout: Duration,
+    /// Under LoRA: what the engine holds since it last came up.
+    pub lora: LoraState,
+}
+
+/// The base and adapters a server holds (LoRA only).
+#[derive(Debug, Default)]
+pub struct LoraState {
+    /// Fingerprint of the base reloaded into it.
+    base: Option<u64>,
+    /// The adapter it serves and the one before (kept for requests that
+    /// picked it just before the swap).
+    serving: Option<String>,
+    previous: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -51,7 +64,7 @@ pub enum SyncError {
 /// publishes what it serves into `ready`. Returns an error only for a
 /// server that can never serve these weights.
 pub async fn follow(
-    loader: Loader,
+    mut loader: Loader,
     mut weights: PolicyCell,
     mut up: watch::Receiver<bool>,
     ready: watch::Sender<Option<Arc<Versioned>>>,
@@ -66,6 +79,7 @@ pub async fn follow(
         let newest = weights.borrow_and_update().clone();
         if !is_up {
             loaded = None;
+            loader.lora = LoraState::default();
             let _ = ready.send(None);
         } else if let Some(v) = newest
             && loaded != Some((v.version, v.incarnation))
@@ -106,11 +120,126 @@ pub async fn follow(
 }
 
 impl Loader {
-    /// One version into the engine: write, pause, reload, relabel, resume.
-    async fn load(&self, v: &Arc<Versioned>) -> anyhow::Result<()> {
+    /// One version into the engine: adapters beside the base under LoRA,
+    /// else the whole model.
+    async fn load(&mut self, v: &Arc<Versioned>) -> anyhow::Result<()> {
+        match &v.policy.model.lora {
+            Some(adapters) => {
+                if self.lora.base != Some(adapters.base) {
+                    self.load_base(v).await?;
+                    self.lora.base = Some(adapters.base);
+                }
+                self.load_adapter(v).await
+            }
+            None => self.load_full(v).await,
+        }
+    }
+
+    /// The frozen base of a LoRA version, reloaded in place as a whole
+    /// model (once per base and server start): the server may have
+    /// started from another directory than the learner's base.
+    async fn load_base(&self, v: &Arc<Versioned>) -> anyhow::Result<()> {
+        let mut base = v.policy.model.clone();
+        base.lora = None;
+        let base = Arc::new(Versioned {
+            version: 0,
+            incarnation: v.incarnation,
+            policy: bapo_policy::Policy::with_model(
+                v.policy.config.clone(),
+                base,
+                &v.policy.device(),
+            ),
+        });
+        let name = format!(
+            "base-{:016x}",
+            v.policy.model.lora.as_ref().map_or(0, |a| a.base)
+        );
+        let dir = self.write(&base, &name).await?;
+        self.swap(&dir, UNKNOWN).await
+    }
+
+    /// A LoRA version: its adapter written in PEFT's format and loaded
+    /// under its label; the one before the serving one unloaded.
+    async fn load_adapter(&mut self, v: &Arc<Versioned>) -> anyhow::Result<()> {
+        let t0 = Instant::now();
+        let name = label(v.incarnation, v.version);
+        let dir = self.write_adapter(v, &name).await?;
+        let short = Duration::from_secs(30);
+        let restart = self.mode == UpdateMode::Restart;
+        if restart {
+            self.api.pause(Pause::Abort, short).await?;
+        }
+        let loaded = self
+            .api
+            .load_lora(&name, &dir.display().to_string(), self.reload_timeout)
+            .await;
+        if restart {
+            self.api.resume(short).await?;
+        }
+        loaded?;
+        if let Some(old) = self.lora.previous.take() {
+            // Best effort: a failure leaves an adapter in vLLM's cache.
+            if let Err(e) = self.api.unload_lora(&old, short).await {
+                tracing::debug!("unloading adapter {old}: {e}");
+            }
+        }
+        self.lora.previous = self.lora.serving.replace(name.clone());
+        histogram!(names::ENGINE_RELOAD_SECONDS).record(t0.elapsed().as_secs_f64());
+        tracing::info!(
+            version = v.version,
+            "vLLM serves LoRA adapter {name} ({:.2} s)",
+            t0.elapsed().as_secs_f64()
+        );
+        let keep: Vec<&str> = [Some(name.as_str()), self.lora.previous.as_deref()]
+            .into_iter()
+            .flatten()
+            .collect();
+        prune_except(&self.weights_dir, &keep, "base-");
+        Ok(())
+    }
+
+    /// Writes `v`'s adapters to `<weights_dir>/<name>` (PEFT's format).
+    async fn write_adapter(&self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<PathBuf> {
+        let dir = self.weights_dir.join(name);
+        let tmp = self.weights_dir.join(format!(".tmp-{name}"));
+        let (v, t, d) = (v.clone(), tmp.clone(), dir.clone());
+        tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+            let adapters = v.policy.model.lora.as_ref().expect("a LoRA version");
+            let meta = bapo_policy::peft::AdapterMeta {
+                alpha: adapters.scale * adapters.rank() as f64,
+                base: adapters.base,
+            };
+            let _ = std::fs::remove_dir_all(&t);
+            let _ = std::fs::remove_dir_all(&d);
+            bapo_policy::peft::write_dir(&t, adapters, meta, "base")?;
+            std::fs::rename(&t, &d)?;
+            Ok(())
+        })
+        .await??;
+        // vLLM reads a relative path as a Hub id.
+        Ok(std::path::absolute(&dir)?)
+    }
+
+    /// One whole-model version into the engine: write, pause, reload,
+    /// relabel, resume.
+    async fn load_full(&self, v: &Arc<Versioned>) -> anyhow::Result<()> {
         let t0 = Instant::now();
         let name = label(v.incarnation, v.version);
         let dir = self.write(v, &name).await?;
+        self.swap(&dir, &name).await?;
+        histogram!(names::ENGINE_RELOAD_SECONDS).record(t0.elapsed().as_secs_f64());
+        tracing::info!(
+            version = v.version,
+            incarnation = v.incarnation,
+            "vLLM serves weights {name} ({:.2} s)",
+            t0.elapsed().as_secs_f64()
+        );
+        prune(&self.weights_dir, &name);
+        Ok(())
+    }
+
+    /// Pause, reload `dir` in place, label what follows `name`, resume.
+    async fn swap(&self, dir: &Path, name: &str) -> anyhow::Result<()> {
         let short = Duration::from_secs(30);
         let pause = match self.mode {
             UpdateMode::Partial => Pause::Keep,
@@ -122,7 +251,7 @@ impl Loader {
             self.api
                 .reload(&dir.display().to_string(), self.reload_timeout)
                 .await?;
-            self.api.set_version(&name, short).await?;
+            self.api.set_version(name, short).await?;
             self.api.reset_prefix_cache(short).await
         }
         .await;
@@ -131,14 +260,6 @@ impl Loader {
         let resumed = self.api.resume(short).await;
         swapped?;
         resumed?;
-        histogram!(names::ENGINE_RELOAD_SECONDS).record(t0.elapsed().as_secs_f64());
-        tracing::info!(
-            version = v.version,
-            incarnation = v.incarnation,
-            "vLLM serves weights {name} ({:.2} s)",
-            t0.elapsed().as_secs_f64()
-        );
-        prune(&self.weights_dir, &name);
         Ok(())
     }
 
@@ -158,6 +279,22 @@ impl Loader {
         })
         .await??;
         Ok(dir)
+    }
+}
+
+/// Removes every weight directory but those in `keep`, those whose name
+/// starts with `prefix` (the LoRA base) and the extension's.
+fn prune_except(weights_dir: &Path, keep: &[&str], prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(weights_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let kept = keep.contains(&name.as_ref()) || name.starts_with(prefix) || name == "ext";
+        if !kept && e.path().is_dir() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
     }
 }
 
