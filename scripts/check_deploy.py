@@ -576,6 +576,27 @@ def health_probe(c: dict, probe: str) -> tuple[str, int]:
     return url, timeout
 
 
+VLLM_LORA_RANKS = [1, 8, 16, 32, 64, 128, 256, 320, 512]
+
+
+def check_vllm_lora(cfg: dict, fl: dict, env: dict) -> None:
+    """With [learner.lora] the server loads adapters at run time: its LoRA
+    flags hold the rank, the runtime-loading switch is on, and the actor's
+    [actor.vllm] lora_rank is the learner's; without, none of them."""
+    lora = (cfg.get("learner") or {}).get("lora")
+    t = (cfg.get("actor") or {}).get("vllm") or {}
+    if lora is None:
+        assert "--enable-lora" not in fl, "vllm: --enable-lora without [learner.lora]"
+        assert "lora_rank" not in t, "[actor.vllm] lora_rank without [learner.lora]"
+        return
+    r = lora.get("rank", 16)
+    want = min(m for m in VLLM_LORA_RANKS if m >= r)
+    assert "--enable-lora" in fl, "vllm: [learner.lora] set but the server lacks --enable-lora"
+    assert fl.get("--max-lora-rank") == str(want), f"vllm: --max-lora-rank {fl.get('--max-lora-rank')!r}, want {want} for rank {r}"
+    assert env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING") == "1", "vllm: runtime LoRA loading is off"
+    assert t.get("lora_rank") == r, f"[actor.vllm] lora_rank {t.get('lora_rank')!r}, want the learner's rank {r}"
+
+
 def check_vllm(docs: list[dict], values: dict, configmaps: dict) -> None:
     """The vLLM engine (actor.engine vllm): the server container beside the
     actor, its flags, probes, GPUs and mounts, and the actor's [actor.vllm]
@@ -641,6 +662,7 @@ def check_vllm(docs: list[dict], values: dict, configmaps: dict) -> None:
     env = env_of(vc)
     assert env.get("VLLM_SERVER_DEV_MODE") == "1", "vllm: VLLM_SERVER_DEV_MODE=1 (the actor reloads weights through /collective_rpc)"
     assert env.get("HOME") == "/tmp", "vllm: HOME must be the /tmp emptyDir (read-only root)"
+    check_vllm_lora(cfg, fl, env)
 
     # Loopback only: no container port, no probe from outside the container.
     assert not vc.get("ports"), f"vllm: container ports {vc.get('ports')}: the server listens on 127.0.0.1 only"

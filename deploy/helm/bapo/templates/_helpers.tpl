@@ -356,10 +356,34 @@ bapo
 {{- define "bapo.vllm.url" -}}
 {{- printf "http://127.0.0.1:%d" (int .Values.actor.vllm.port) -}}
 {{- end -}}
-{{/* The server's command line: (the chart's flags, then actor.vllm.extraArgs). */}}
+{{/* The LoRA rank of config.learner.lora (16 when the table has none), 0 without LoRA. */}}
+{{- define "bapo.lora.rank" -}}
+{{- $l := get (default dict .Values.config.learner) "lora" -}}
+{{- if kindIs "map" $l -}}
+{{- int (default 16 (get $l "rank")) -}}
+{{- else -}}
+0
+{{- end -}}
+{{- end -}}
+{{/* vLLM's --max-lora-rank for rank r: the smallest value it accepts that holds r. */}}
+{{- define "bapo.vllm.maxLoraRank" -}}
+{{- $r := int . -}}
+{{- $found := 0 -}}
+{{- range $m := list 1 8 16 32 64 128 256 320 512 -}}
+{{- if and (eq $found 0) (ge $m $r) -}}
+{{- $found = $m -}}
+{{- end -}}
+{{- end -}}
+{{- $found -}}
+{{- end -}}
+{{/* The server's command line: (the chart's flags, LoRA's when config.learner.lora is set, then actor.vllm.extraArgs). */}}
 {{- define "bapo.vllm.args" -}}
 {{- $v := .Values.actor.vllm -}}
 {{- $args := list "--model" .Values.model.hfDir "--served-model-name" (include "bapo.vllm.servedModelName" .) "--host" "127.0.0.1" "--port" (toString (int $v.port)) "--tensor-parallel-size" (toString (int .Values.actor.gpus)) "--enable-scale-out" "--logprobs-mode" "processed_logprobs" "--worker-extension-cls" "bapo_vllm_ext.BapoWorker" "--dtype" $v.dtype -}}
+{{- $rank := int (include "bapo.lora.rank" .) -}}
+{{- if gt $rank 0 -}}
+{{- $args = concat $args (list "--enable-lora" "--max-lora-rank" (include "bapo.vllm.maxLoraRank" $rank) "--max-loras" "2" "--max-cpu-loras" "3") -}}
+{{- end -}}
 {{- toYaml (concat $args (default list $v.extraArgs)) -}}
 {{- end -}}
 {{/* An HTTP GET of /health from inside the vLLM container (it listens on loopback only). */}}
@@ -427,8 +451,8 @@ actor Deployment.
 {{- end -}}
 {{- range $f := default list $v.extraArgs -}}
 {{- $name := regexReplaceAll "=.*$" (toString $f) "" -}}
-{{- if has $name (list "--model" "--served-model-name" "--host" "--port" "--tensor-parallel-size" "-tp" "--enable-scale-out" "--logprobs-mode" "--worker-extension-cls" "--dtype" "--uds") -}}
-{{- fail (printf "actor.vllm.extraArgs: %s is set by the chart (model.hfDir, actor.gpus, actor.vllm.port, actor.vllm.dtype, or fixed for bapo's extension)" $name) -}}
+{{- if has $name (list "--model" "--served-model-name" "--host" "--port" "--tensor-parallel-size" "-tp" "--enable-scale-out" "--logprobs-mode" "--worker-extension-cls" "--dtype" "--uds" "--enable-lora" "--max-lora-rank" "--max-loras" "--max-cpu-loras") -}}
+{{- fail (printf "actor.vllm.extraArgs: %s is set by the chart (model.hfDir, actor.gpus, actor.vllm.port, actor.vllm.dtype, config.learner.lora, or fixed for bapo's extension)" $name) -}}
 {{- end -}}
 {{- end -}}
 {{- if .Values.configOverride -}}
@@ -460,6 +484,10 @@ actor Deployment.
 {{- $_ := set $t "dtype" $v.dtype -}}
 {{- $_ := set $t "request_timeout_s" $v.requestTimeoutSeconds -}}
 {{- $_ := set $t "reload_timeout_s" $v.reloadTimeoutSeconds -}}
+{{- $rank := int (include "bapo.lora.rank" .) -}}
+{{- if gt $rank 0 -}}
+{{- $_ := set $t "lora_rank" $rank -}}
+{{- end -}}
 {{- $_ := set $a "engine" "vllm" -}}
 {{- $_ := set $a "vllm" $t -}}
 {{- toJson $a -}}
