@@ -136,7 +136,7 @@ pub enum WeightsError {
     #[error("not a bapo weights stream (bad magic)")]
     BadMagic,
     #[error(
-        "weights format version {0} is not supported (this build reads 1 and {FORMAT_VERSION})"
+        "weights format version {0} is not supported (this build reads 1, {FORMAT_VERSION} and 3)"
     )]
     UnsupportedFormat(u32),
     #[error("weights encoding {0} is unknown (this build reads 0 = f32 and 1 = bf16)")]
@@ -710,10 +710,20 @@ mod tests {
             u32::from_le_bytes(wire[8..12].try_into().unwrap()),
             0x0001_0002
         );
+        // Format 3 is an adapter payload: a model reader refuses it by
+        // what it holds; format 4 is unknown.
         let mut v3 = wire;
         v3[8] = 3;
+        let err = WeightsHeader::read(&v3).unwrap_err();
+        assert!(err.to_string().contains("LoRA adapters"), "{err}");
         assert!(matches!(
-            WeightsHeader::read(&v3),
+            WeightsHeader::read_any(&v3),
+            Ok((_, Encoding::Bf16, Payload::Adapters))
+        ));
+        let mut v4 = wire;
+        v4[8] = 4;
+        assert!(matches!(
+            WeightsHeader::read_any(&v4),
             Err(WeightsError::UnsupportedFormat(_))
         ));
         assert_eq!(Encoding::from_name("bf16"), Some(Encoding::Bf16));

@@ -378,3 +378,63 @@ fn a_peft_adapter_gives_peft_logits_and_bapo_writes_peft_names() {
     theirs.sort();
     assert_eq!(ours, theirs);
 }
+
+/// Logits of `model` (moved to `device`) on the fixed tokens, as f32.
+fn logits_on(model: Transformer, config: &ModelConfig, device: &Device) -> Vec<f32> {
+    let p = Policy::with_model(config.clone(), model.to_device(device), device);
+    let t = Policy::tokens(&[vec![1, 2, 3, 40, 41, 7, 90, 5]], device);
+    p.model
+        .forward(t, &p.rope, None)
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec()
+        .unwrap()
+}
+
+fn max_gap(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The adapters run wherever the model does: bf16 and f16 compute on the
+/// CPU, and wgpu (f32; where the machine has it). Bounds are those of the
+/// HF parity tests (hf_parity.rs: 0.3 bf16, 0.04 f16, 1e-4 f32), and the
+/// adapters move the logits by more than each bound, so a precision path
+/// that dropped them would fail.
+#[test]
+fn adapters_run_in_half_precision_and_on_wgpu() {
+    let p = policy(9);
+    let cpu = Device::flex();
+    let mut adapted = with_adapters(&p, &LoraConfig::default());
+    // Larger updates than `perturbed`'s, so they exceed the bf16 bound.
+    for layer in &mut adapted.lora.as_mut().unwrap().layers {
+        for pair in [&mut layer.q_proj, &mut layer.up_proj, &mut layer.down_proj]
+            .into_iter()
+            .flatten()
+        {
+            let b = pair.b.val();
+            pair.b = Param::from_tensor(b.mul_scalar(10.0));
+        }
+    }
+    let want = logits_on(adapted.clone(), &p.config, &cpu);
+    let base = logits_on(p.model.clone(), &p.config, &cpu);
+    let moved = max_gap(&want, &base);
+    assert!(
+        moved > 0.3,
+        "the adapters must move the logits past the bounds ({moved})"
+    );
+    for (precision, bound) in [
+        (bapo_policy::Precision::Bf16, 0.3),
+        (bapo_policy::Precision::F16, 0.04),
+    ] {
+        let m = adapted.clone().with_precision(precision);
+        let gap = max_gap(&logits_on(m, &p.config, &cpu), &want);
+        assert!(gap < bound, "{precision:?} on the CPU: {gap}");
+    }
+    if let Some(gpu) = bapo_policy::device::wgpu_for_test("LoRA on wgpu") {
+        let gap = max_gap(&logits_on(adapted, &p.config, &gpu), &want);
+        assert!(gap < 1e-4, "f32 on wgpu: {gap}");
+    }
+}
