@@ -71,6 +71,12 @@ fn a_lora_run_trains_adapters_and_exports_them() {
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["reconciled"], true, "{summary}");
     assert_eq!(summary["steps"], 12, "{summary}");
+    assert_eq!(summary["lora_rank"], 16, "{summary}");
+    let report = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(
+        report.contains("LoRA adapters, rank 16"),
+        "the report says LoRA was on"
+    );
 
     // --lora trains at 10x the config's rate.
     let lrs: Vec<f64> = std::fs::read_to_string(out.join("metrics.jsonl"))

@@ -190,6 +190,13 @@ fn key_numbers(s: &LocalRunSummary) -> Vec<(String, String)> {
     };
     let rows = [
         ("Algorithm", s.algo.clone()),
+        (
+            "Trained weights",
+            match s.lora_rank {
+                Some(r) => format!("LoRA adapters, rank {r} (base frozen)"),
+                None => "all".to_string(),
+            },
+        ),
         ("Max staleness", format!("{} versions", s.max_staleness)),
         ("Actors", s.actors.to_string()),
         ("RL steps", s.steps.to_string()),
@@ -444,6 +451,7 @@ mod tests {
     fn summary() -> LocalRunSummary {
         LocalRunSummary {
             algo: "bapo".into(),
+            lora_rank: None,
             max_staleness: 4,
             actors: 2,
             steps: 1000,

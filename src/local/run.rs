@@ -198,6 +198,7 @@ fn summarise(
     let buffer = seen.buffer.unwrap_or_default();
     LocalRunSummary {
         algo: cfg.learner.algo.clone(),
+        lora_rank: cfg.learner.lora.as_ref().map(|l| l.rank),
         max_staleness: cfg.buffer.max_staleness,
         actors: cfg.run.actors,
         steps: cfg.learner.steps,

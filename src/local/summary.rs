@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LocalRunSummary {
     pub algo: String,
+    /// The rank of the LoRA adapters trained on a frozen base; absent when
+    /// every weight trained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_rank: Option<usize>,
     pub max_staleness: u64,
     pub actors: usize,
     pub steps: u64,

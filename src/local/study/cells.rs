@@ -119,6 +119,7 @@ mod tests {
             seed,
             summary: LocalRunSummary {
                 algo: algo.into(),
+                lora_rank: None,
                 max_staleness: s,
                 actors: 2,
                 steps: 10,
