@@ -169,6 +169,9 @@ impl Loader {
         if restart {
             self.api.pause(Pause::Abort, short).await?;
         }
+        // A retry after a load whose answer was lost: vLLM refuses a name
+        // it holds, so drop it first (an unknown name is refused: ignored).
+        let _ = self.api.unload_lora(&name, short).await;
         let loaded = self
             .api
             .load_lora(&name, &dir.display().to_string(), self.reload_timeout)
