@@ -29,6 +29,30 @@ fn logits(p: &Policy) -> Vec<f32> {
         .unwrap()
 }
 
+/// What a subscriber that connects now first loads from the learner at
+/// `url`.
+async fn late_subscriber(url: String) -> std::sync::Arc<subscription::Versioned> {
+    let (cell_tx, mut cell_rx) = watch::channel(None);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(subscription::follow(
+        url,
+        None,
+        "late".into(),
+        Device::flex(),
+        Default::default(),
+        cell_tx,
+        stop_rx,
+    ));
+    let got = tokio::time::timeout(Duration::from_secs(30), cell_rx.wait_for(|c| c.is_some()))
+        .await
+        .unwrap()
+        .unwrap()
+        .clone()
+        .unwrap();
+    let _ = stop_tx.send(true);
+    got
+}
+
 fn start_actor(
     cfg: ActorConfig,
     buffer: String,
@@ -98,23 +122,7 @@ async fn learner_advances_and_the_actor_follows_its_weights() {
 
     // A late subscriber gets the newest weights at once, equal to the
     // final checkpoint's.
-    let (cell_tx, mut cell_rx) = watch::channel(None);
-    let (_stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(subscription::follow(
-        learner_url,
-        None,
-        "late".into(),
-        Device::flex(),
-        Default::default(),
-        cell_tx,
-        stop_rx,
-    ));
-    let got = tokio::time::timeout(Duration::from_secs(30), cell_rx.wait_for(|c| c.is_some()))
-        .await
-        .unwrap()
-        .unwrap()
-        .clone()
-        .unwrap();
+    let got = late_subscriber(learner_url).await;
     assert_eq!(got.version, 3);
     let ckpt = checkpoint::latest(&out.path().join("checkpoints"))
         .unwrap()
@@ -342,23 +350,7 @@ async fn a_lora_learner_sends_its_base_once_then_adapters_only() {
 
     // A late actor ends up with exactly the learner's final policy, which
     // the adapters make differ from the base.
-    let (cell_tx, mut cell_rx) = watch::channel(None);
-    let (_stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(subscription::follow(
-        lp.learner_url.clone(),
-        None,
-        "late".into(),
-        Device::flex(),
-        Default::default(),
-        cell_tx,
-        stop_rx,
-    ));
-    let got = tokio::time::timeout(Duration::from_secs(30), cell_rx.wait_for(|c| c.is_some()))
-        .await
-        .unwrap()
-        .unwrap()
-        .clone()
-        .unwrap();
+    let got = late_subscriber(lp.learner_url.clone()).await;
     assert_eq!(got.version, 3);
     let ckpt = checkpoint::latest(&lp.out.path().join("checkpoints"))
         .unwrap()

@@ -282,18 +282,7 @@ fn with_adapters(base: &Policy, seed: u64, base_fingerprint: u64) -> Policy {
     let mut adapters = Adapters::init(&base.config, &LoraConfig::default(), &cpu);
     adapters.base = base_fingerprint;
     for layer in &mut adapters.layers {
-        for pair in [
-            &mut layer.q_proj,
-            &mut layer.k_proj,
-            &mut layer.v_proj,
-            &mut layer.o_proj,
-            &mut layer.gate_proj,
-            &mut layer.up_proj,
-            &mut layer.down_proj,
-        ]
-        .into_iter()
-        .flatten()
-        {
+        for (_, pair) in layer.pairs_mut() {
             let shape = pair.b.val().shape();
             pair.b =
                 Param::from_tensor(Tensor::random(shape, Distribution::Normal(0.0, 0.02), &cpu));

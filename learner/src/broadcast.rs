@@ -9,8 +9,8 @@
 //! encoded payload is held once (`Bytes`) and sliced into chunks per
 //! subscriber without copying.
 //!
-//! A LoRA learner publishes its frozen base once ([`WeightHub::set_base`])
-//! and then adapters only: a few megabytes per version instead of the
+//! A LoRA learner's hub encodes its frozen base once and then publishes
+//! adapters only ([`WeightHub::publish_adapters`]): a few megabytes per version instead of the
 //! whole model. Each adapter publish names the base, and the server sends
 //! the base first to a subscriber that does not hold it.
 //!
@@ -26,7 +26,6 @@ use std::{
 use bapo_policy::{
     ModelConfig,
     burn::tensor::Bytes as BurnBytes,
-    lora::Adapters,
     model::Transformer,
     weights::{self, Encoding, WeightsError},
 };
@@ -125,80 +124,76 @@ impl WeightHub {
         encoding: Encoding,
     ) -> Result<Arc<Published>, WeightsError> {
         let (header, payload) = weights::encode_as(model, version, encoding)?;
-        let published = Arc::new(Published {
-            version,
-            incarnation: self.incarnation,
-            header: Bytes::copy_from_slice(&header.to_bytes_as(encoding)),
-            payload: to_bytes(payload),
-            config_json: config.to_hf_json().to_string(),
-            at: Instant::now(),
-            base: None,
-            fingerprint: 0,
-        });
+        let header = header.to_bytes_as(encoding);
+        let published = self.published(version, &header, payload, config, None, 0);
         self.tx.send_replace(Some(published.clone()));
         Ok(published)
     }
 
-    /// Encodes the frozen base of a LoRA learner (its adapters removed),
-    /// fingerprint `fingerprint`, once: every later
-    /// [`WeightHub::publish_adapters`] refers to it.
-    pub fn set_base(
+    /// Encodes the adapters of `model` (a LoRA learner's, its base of
+    /// fingerprint `fingerprint`) as `version`, factors in `encoding`, and
+    /// makes them the newest. The base is encoded the first time (and
+    /// again only if the fingerprint changes); every subscriber without it
+    /// is sent it first.
+    pub fn publish_adapters(
+        &self,
+        model: &Transformer,
+        config: &ModelConfig,
+        version: u64,
+        encoding: Encoding,
+        fingerprint: u64,
+    ) -> Result<Arc<Published>, WeightsError> {
+        let adapters = model
+            .lora
+            .as_ref()
+            .ok_or_else(|| WeightsError::Record("a model without adapters".into()))?;
+        let base = self.base(model, config, fingerprint, encoding)?;
+        let (header, payload) = weights::encode_adapters(adapters, version, encoding, fingerprint)?;
+        let header = header.to_bytes_adapters(encoding);
+        let published = self.published(version, &header, payload, config, Some(base), fingerprint);
+        self.tx.send_replace(Some(published.clone()));
+        Ok(published)
+    }
+
+    /// The encoded base of `model`, made once per fingerprint.
+    fn base(
         &self,
         model: &Transformer,
         config: &ModelConfig,
         fingerprint: u64,
         encoding: Encoding,
-    ) -> Result<(), WeightsError> {
+    ) -> Result<Arc<Published>, WeightsError> {
+        let mut held = self.base.lock().expect("base lock");
+        if let Some(b) = held.as_ref().filter(|b| b.fingerprint == fingerprint) {
+            return Ok(b.clone());
+        }
         let base = bapo_policy::lora::base_of(model);
         let (header, payload) = weights::encode_as(&base, 0, encoding)?;
-        let published = Arc::new(Published {
-            version: 0,
-            incarnation: self.incarnation,
-            header: Bytes::copy_from_slice(&header.to_bytes_as(encoding)),
-            payload: to_bytes(payload),
-            config_json: config.to_hf_json().to_string(),
-            at: Instant::now(),
-            base: None,
-            fingerprint,
-        });
-        *self.base.lock().expect("base lock") = Some(published);
-        Ok(())
+        let header = header.to_bytes_as(encoding);
+        let base = self.published(0, &header, payload, config, None, fingerprint);
+        *held = Some(base.clone());
+        Ok(base)
     }
 
-    /// Whether a base is set (adapters can be published).
-    pub fn has_base(&self) -> bool {
-        self.base.lock().expect("base lock").is_some()
-    }
-
-    /// Encodes `adapters` as `version` (factors in `encoding`) against the
-    /// base of [`WeightHub::set_base`], and makes them the newest.
-    pub fn publish_adapters(
+    fn published(
         &self,
-        adapters: &Adapters,
-        config: &ModelConfig,
         version: u64,
-        encoding: Encoding,
-    ) -> Result<Arc<Published>, WeightsError> {
-        let base = self
-            .base
-            .lock()
-            .expect("base lock")
-            .clone()
-            .ok_or_else(|| WeightsError::Record("adapters published before their base".into()))?;
-        let (header, payload) =
-            weights::encode_adapters(adapters, version, encoding, base.fingerprint)?;
-        let published = Arc::new(Published {
+        header: &[u8],
+        payload: BurnBytes,
+        config: &ModelConfig,
+        base: Option<Arc<Published>>,
+        fingerprint: u64,
+    ) -> Arc<Published> {
+        Arc::new(Published {
             version,
             incarnation: self.incarnation,
-            header: Bytes::copy_from_slice(&header.to_bytes_adapters(encoding)),
+            header: Bytes::copy_from_slice(header),
             payload: to_bytes(payload),
             config_json: config.to_hf_json().to_string(),
             at: Instant::now(),
-            fingerprint: base.fingerprint,
-            base: Some(base),
-        });
-        self.tx.send_replace(Some(published.clone()));
-        Ok(published)
+            base,
+            fingerprint,
+        })
     }
 
     pub fn latest(&self) -> Option<Arc<Published>> {

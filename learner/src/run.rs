@@ -451,12 +451,13 @@ async fn publish(hub: &WeightHub, t: &Trainer) -> anyhow::Result<()> {
     let (hub, version, fingerprint) = (hub.clone(), t.version(), t.base_fingerprint());
     tokio::task::spawn_blocking(move || match &policy.model.lora {
         // LoRA: the base once, then adapters only.
-        Some(adapters) => {
-            if !hub.has_base() {
-                hub.set_base(&policy.model, &policy.config, fingerprint, encoding)?;
-            }
-            hub.publish_adapters(adapters, &policy.config, version, encoding)
-        }
+        Some(_) => hub.publish_adapters(
+            &policy.model,
+            &policy.config,
+            version,
+            encoding,
+            fingerprint,
+        ),
         None => hub.publish_as(&policy.model, &policy.config, version, encoding),
     })
     .await

@@ -240,9 +240,12 @@ impl Trainer {
         let reference = (cfg.kl_coef > 0.0).then(|| lora::base_of(&policy.model.valid()));
         let spear = (cfg.algo == "spear").then(SpearMemory::default);
         let remix = (cfg.algo == "remix").then(|| RemixRun::new(policy.model.valid()));
-        let base_fingerprint = match cfg.lora {
-            Some(_) => lora::fingerprint(&policy.model),
-            None => 0,
+        // Restored adapters carry the fingerprint their checkpoint verified;
+        // fresh ones need the base hashed (a pass over every weight).
+        let base_fingerprint = match (&cfg.lora, policy.model.lora.as_ref()) {
+            (None, _) => 0,
+            (Some(_), Some(a)) if a.base != 0 => a.base,
+            (Some(_), _) => lora::fingerprint(&policy.model),
         };
         let model = with_adapters(
             &cfg,

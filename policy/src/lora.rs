@@ -263,7 +263,11 @@ impl LayerAdapters {
     }
 
     pub(crate) fn set(&mut self, t: Target, pair: LoraPair) {
-        let slot = match t {
+        *self.slot_mut(t) = Some(pair);
+    }
+
+    fn slot_mut(&mut self, t: Target) -> &mut Option<LoraPair> {
+        match t {
             Target::Q => &mut self.q_proj,
             Target::K => &mut self.k_proj,
             Target::V => &mut self.v_proj,
@@ -271,8 +275,22 @@ impl LayerAdapters {
             Target::Gate => &mut self.gate_proj,
             Target::Up => &mut self.up_proj,
             Target::Down => &mut self.down_proj,
-        };
-        *slot = Some(pair);
+        }
+    }
+
+    /// Every adapter of this layer, mutably, with its projection.
+    pub fn pairs_mut(&mut self) -> impl Iterator<Item = (Target, &mut LoraPair)> {
+        [
+            (Target::Q, &mut self.q_proj),
+            (Target::K, &mut self.k_proj),
+            (Target::V, &mut self.v_proj),
+            (Target::O, &mut self.o_proj),
+            (Target::Gate, &mut self.gate_proj),
+            (Target::Up, &mut self.up_proj),
+            (Target::Down, &mut self.down_proj),
+        ]
+        .into_iter()
+        .filter_map(|(t, p)| p.as_mut().map(|p| (t, p)))
     }
 }
 

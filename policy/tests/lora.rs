@@ -49,18 +49,7 @@ fn max_diff(a: Tensor<3>, b: Tensor<3>) -> f32 {
 /// Every `B` drawn at random, so the adapters change the outputs.
 fn perturbed(mut a: Adapters) -> Adapters {
     for layer in &mut a.layers {
-        for pair in [
-            &mut layer.q_proj,
-            &mut layer.k_proj,
-            &mut layer.v_proj,
-            &mut layer.o_proj,
-            &mut layer.gate_proj,
-            &mut layer.up_proj,
-            &mut layer.down_proj,
-        ]
-        .into_iter()
-        .flatten()
-        {
+        for (_, pair) in layer.pairs_mut() {
             let b = pair.b.val();
             let noise = Tensor::random(b.shape(), burn_normal(), &b.device());
             pair.b = Param::from_tensor(noise);
@@ -410,12 +399,11 @@ fn adapters_run_in_half_precision_and_on_wgpu() {
     let mut adapted = with_adapters(&p, &LoraConfig::default());
     // Larger updates than `perturbed`'s, so they exceed the bf16 bound.
     for layer in &mut adapted.lora.as_mut().unwrap().layers {
-        for pair in [&mut layer.q_proj, &mut layer.up_proj, &mut layer.down_proj]
-            .into_iter()
-            .flatten()
-        {
-            let b = pair.b.val();
-            pair.b = Param::from_tensor(b.mul_scalar(10.0));
+        for (t, pair) in layer.pairs_mut() {
+            if matches!(t, Target::Q | Target::Up | Target::Down) {
+                let b = pair.b.val();
+                pair.b = Param::from_tensor(b.mul_scalar(10.0));
+            }
         }
     }
     let want = logits_on(adapted.clone(), &p.config, &cpu);

@@ -171,15 +171,17 @@ fn phase(
 fn broadcast_bytes(trainer: &Trainer) -> anyhow::Result<()> {
     let policy = trainer.policy();
     let hub = WeightHub::with_incarnation(1);
+    let publish = |v| match &policy.model.lora {
+        Some(_) => hub.publish_adapters(&policy.model, &policy.config, v, Encoding::F32, 1),
+        None => hub.publish_as(&policy.model, &policy.config, v, Encoding::F32),
+    };
     if policy.model.lora.is_some() {
-        // Sent once per subscriber, not per version: outside the timing.
-        hub.set_base(&policy.model, &policy.config, 1, Encoding::F32)?;
+        // The base is encoded once per subscriber's life, not per version:
+        // outside the timing.
+        publish(1)?;
     }
     let t0 = Instant::now();
-    let p = match &policy.model.lora {
-        Some(adapters) => hub.publish_adapters(adapters, &policy.config, 1, Encoding::F32)?,
-        None => hub.publish_as(&policy.model, &policy.config, 1, Encoding::F32)?,
-    };
+    let p = publish(2)?;
     println!(
         "one broadcast (f32): {:.2} MB, encoded in {:.2} s",
         p.payload.len() as f64 / 1e6,

@@ -139,9 +139,12 @@ pub fn load_model(
     };
     let record = ModuleRecord::from_bytes(Bytes::from_bytes_vec(adapter_bytes))
         .map_err(|e| invalid(dir, format!("{ADAPTERS_FILE}: {e:?}")))?;
-    let adapters = Adapters::init(config, &cfg, device)
+    let mut adapters = Adapters::init(config, &cfg, device)
         .try_load_record(record)
         .map_err(|e| invalid(dir, format!("{ADAPTERS_FILE}: {e:?}")))?;
+    // Verified above: the trainer takes it instead of hashing the base again.
+    adapters.base = u64::from_str_radix(&found, 16)
+        .map_err(|e| invalid(dir, format!("base fingerprint {found}: {e}")))?;
     model.lora = Some(adapters);
     Ok(model)
 }
