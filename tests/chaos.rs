@@ -9,6 +9,10 @@
 //! last checkpoint: the case that froze the whole system before learner
 //! incarnations (docs/architecture.md, "Failure model").
 //!
+//! The same again with LoRA: the restarted learner resumes its adapters on
+//! the base its checkpoint names (it refuses any other), and restarted
+//! actors are sent the base again before adapters.
+//!
 //! Every connection is mutual TLS with per-role certificates, as deployed:
 //! restarted processes handshake again and reconnecting clients go through
 //! the same authorization.
@@ -28,7 +32,13 @@ use bapo_proto::{
 const CHECKPOINT_EVERY: u64 = 10;
 const MAX_STALENESS: u64 = 1;
 
-fn config() -> String {
+/// The cluster's config; with `lora`, a `[learner.lora]` table.
+fn config(lora: bool) -> String {
+    let lora = if lora {
+        "\n[learner.lora]\nrank = 4\n"
+    } else {
+        ""
+    };
     format!(
         r#"
 [buffer]
@@ -53,7 +63,7 @@ shutdown_grace_s = 1.0
 
 [actor.sampling]
 max_new_tokens = 8
-"#
+{lora}"#
     )
 }
 
@@ -79,8 +89,8 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn new(dir: &Path) -> Self {
-        std::fs::write(dir.join("bapo.toml"), config()).unwrap();
+    fn new(dir: &Path, lora: bool) -> Self {
+        std::fs::write(dir.join("bapo.toml"), config(lora)).unwrap();
         tls::install_default_provider();
         let ca = pki::Ca::new("chaos.test").unwrap();
         let opts = pki::Options {
@@ -285,8 +295,17 @@ const PROGRESS: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_loop_survives_kill_9_of_each_process() {
+    survives_kill_9_of_each_process(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lora_loop_survives_kill_9_of_each_process() {
+    survives_kill_9_of_each_process(true).await;
+}
+
+async fn survives_kill_9_of_each_process(lora: bool) {
     let tmp = tempfile::tempdir().unwrap();
-    let mut c = Cluster::new(tmp.path());
+    let mut c = Cluster::new(tmp.path(), lora);
     c.start_buffer();
     c.start_learner();
     c.start_actor(0);
@@ -311,6 +330,15 @@ async fn the_loop_survives_kill_9_of_each_process() {
         s.learner_incarnation != 0,
         "the learner reports an incarnation"
     );
+    if lora {
+        let ckpts = c.dir.join("learner").join("checkpoints");
+        let latest = bapo_learner::checkpoint::latest(&ckpts).unwrap().unwrap();
+        let state = bapo_learner::checkpoint::read_state(&latest).unwrap();
+        assert!(
+            state.lora.is_some(),
+            "the resumed learner writes LoRA checkpoints"
+        );
+    }
     let (logged_at, resumed_at) = rollback(&c.dir.join("learner").join("metrics.jsonl"));
     // The learner reports a version to the buffer before it logs the step,
     // so a kill in between leaves the log one version behind the buffer.

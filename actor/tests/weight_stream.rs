@@ -143,3 +143,47 @@ proptest! {
         let _ = deliver(bogus, &garbage, &[64]);
     }
 }
+
+/// An adapter update is applied only to the base it names: without a
+/// base, or with another one, it is refused by name; with it, it loads.
+#[test]
+fn adapters_load_only_onto_the_base_they_name() {
+    use bapo_actor::subscription::{Base, Loaded};
+    use bapo_policy::{lora, weights::Encoding};
+    let p = bapo_policy::testing::tiny_policy(8);
+    let adapted = lora::attach(p.model.clone(), &p.config, &Default::default());
+    let adapters = adapted.lora.as_ref().unwrap();
+    let fp = lora::fingerprint(&p.model);
+    let (header, payload) = weights::encode_adapters(adapters, 4, Encoding::F32, fp).unwrap();
+    let update = WeightUpdate {
+        version: 4,
+        header: header.to_bytes_adapters(Encoding::F32).to_vec().into(),
+        payload_len: payload.len() as u64,
+        chunks: 1,
+        model_config_json: serde_json::to_string(&p.config).unwrap(),
+        incarnation: 3,
+        base_fingerprint: fp,
+        ..Default::default()
+    };
+    let load = |base: Option<&Base>| {
+        let mut a = Assembly::new(update.clone());
+        assert!(a.push(&payload).unwrap());
+        a.finish(&Device::flex(), Default::default(), base)
+    };
+    let held = |fingerprint| Base {
+        fingerprint,
+        config: p.config.clone(),
+        model: p.model.clone(),
+    };
+    for base in [None, Some(held(fp ^ 1))] {
+        let Err(e) = load(base.as_ref()) else {
+            panic!("adapters loaded without their base");
+        };
+        let e = e.to_string();
+        assert!(e.contains("does not hold"), "{e}");
+    }
+    match load(Some(&held(fp))).unwrap() {
+        Loaded::Policy(v) => assert!(v.policy.model.lora.is_some() && v.version == 4),
+        Loaded::Base(_) => panic!("adapters loaded as a base"),
+    }
+}

@@ -128,6 +128,16 @@ fn a_checkpoint_on_another_base_is_refused_by_name() {
     let mut t = Trainer::new(cfg.clone(), policy, 0).unwrap();
     t.step(&batch).unwrap();
     let saved = checkpoint::save(dir.path(), &t, &Default::default()).unwrap();
+    // Resumed under other LoRA settings: refused, naming both.
+    let mut other_rank = cfg.clone();
+    other_rank.lora.as_mut().unwrap().rank = 8;
+    let err = checkpoint::load(&saved, other_rank, &Device::flex())
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("rank 4") && err.to_string().contains("rank 8"),
+        "{err}"
+    );
     let state = checkpoint::read_state(&saved).unwrap();
     let base = dir.path().join(&state.lora.unwrap().base_file);
     // Another base under the same name, checksum updated: the

@@ -253,6 +253,16 @@ fn bad_adapter_files_are_refused_by_name() {
     };
     let err = peft::decode(&bytes, &fewer_layers, None, &p.device()).unwrap_err();
     assert!(err.to_string().contains("layer 1"), "{err}");
+    // rsLoRA scales by alpha/sqrt(r): refused rather than misread.
+    let dir = tempfile::tempdir().unwrap();
+    peft::write_dir(dir.path(), adapted.lora.as_ref().unwrap(), meta, "tiny").unwrap();
+    let cfg_path = dir.path().join(peft::CONFIG_FILE);
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    json["use_rslora"] = true.into();
+    std::fs::write(&cfg_path, json.to_string()).unwrap();
+    let err = peft::read_dir(dir.path(), &p.config, &p.device()).unwrap_err();
+    assert!(err.to_string().contains("use_rslora"), "{err}");
 }
 
 #[test]

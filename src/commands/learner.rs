@@ -198,3 +198,38 @@ fn eval_hook(cfg: &ConfigFile, tokenizer: &TextTokenizer) -> anyhow::Result<Opti
         cfg.learner.eval_max_new_tokens,
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use bapo_learner::{LearnerConfig, Trainer, checkpoint};
+    use bapo_policy::{Policy, lora::LoraConfig, testing::tiny_policy};
+
+    use super::check_base;
+
+    /// A LoRA checkpoint resumes only under a `[model]` that loads its
+    /// base; a full fine-tuning checkpoint is not checked.
+    #[test]
+    fn a_lora_checkpoint_resumes_only_on_its_base() {
+        let base = tiny_policy(31);
+        let copy = || Policy::with_model(base.config.clone(), base.model.clone(), &base.device());
+        let cfg = LearnerConfig {
+            lora: Some(LoraConfig {
+                rank: 4,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let t = Trainer::new(cfg, copy(), 0).unwrap();
+        let saved = checkpoint::save(dir.path(), &t, &Default::default()).unwrap();
+        check_base(&saved, &copy()).unwrap();
+        let e = check_base(&saved, &tiny_policy(32))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("trained on base"), "{e}");
+        let full = Trainer::new(LearnerConfig::default(), copy(), 0).unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let saved = checkpoint::save(other.path(), &full, &Default::default()).unwrap();
+        check_base(&saved, &tiny_policy(32)).unwrap();
+    }
+}
