@@ -53,11 +53,14 @@ pub fn line_chart(title: &str, x_label: &str, series: &[Series]) -> anyhow::Resu
             .y_label_area_size(50)
             .build_cartesian_2d(x0..x1.max(x0 + 1.0), (y0 - pad)..(y1 + pad))
             .map_err(|e| anyhow::anyhow!("{e}"))?;
-        // Steps are whole numbers: no `1000.0` on the axis.
+        // Steps are whole numbers: no `1000.0` on the axis, and no more
+        // labels than whole steps (a 3-step run read "1 1 1 2 2 2 ...").
         let x_format = |x: &f64| format!("{x:.0}");
+        let x_labels = ((x1 - x0).round() as usize + 1).clamp(2, 10);
         chart
             .configure_mesh()
             .x_desc(x_label)
+            .x_labels(x_labels)
             .x_label_formatter(&x_format)
             .light_line_style(WHITE.mix(0.0))
             .draw()
