@@ -243,6 +243,10 @@ impl Task for ChatTask {
     fn well_formed(&self, problem: &Problem, completion: &str) -> bool {
         self.inner.well_formed(problem, completion)
     }
+
+    fn fails_when_truncated(&self) -> bool {
+        self.inner.fails_when_truncated()
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,10 @@ use bapo_tasks::{Problem, Task};
 use serde::Serialize;
 
 use crate::{
-    Generation, SamplingParams, generate::Response, policy::Policy, tokenizer::TextTokenizer,
+    Generation, SamplingParams,
+    generate::{Finish, Response},
+    policy::Policy,
+    tokenizer::TextTokenizer,
 };
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -71,8 +74,10 @@ pub fn evaluate(
             by_len.entry(t.len()).or_default().push((i, t));
         }
     }
-    let score =
-        |i: usize, r: &Response| task.score(&problems[i], &completion(tokenizer, &r.tokens, stop));
+    let score = |i: usize, r: &Response| {
+        let text = completion(tokenizer, &r.tokens, stop);
+        task.score_response(&problems[i], &text, r.finish == Some(Finish::Length))
+    };
     let (mut correct, mut reward_sum, mut pass) = (0usize, 0.0f64, 0usize);
     for bucket in by_len.values() {
         for chunk in bucket.chunks(BATCH_ROWS) {

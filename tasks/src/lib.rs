@@ -8,7 +8,9 @@
 //! expression evaluator in `expr.rs`), `jsonl` (GSM8K-format
 //! question/answer files; the final number is found by `numeric.rs`) and
 //! `math` (MATH-style problems whose answer is the last `\boxed{}`,
-//! normalised and compared by `latex.rs`). The two file tasks share their
+//! normalised and compared by `latex.rs`); `countdown-trace` is countdown
+//! answered after a short search trace, so that failures run long
+//! (`trace.rs`). The two file tasks share their
 //! reading, prompting and splitting in `dataset.rs`. `shaping.rs` adds the
 //! optional format bonus and overlong penalty on top of a task's reward.
 //!
@@ -34,6 +36,7 @@ pub mod math;
 pub mod numeric;
 pub mod shaping;
 pub mod split;
+pub mod trace;
 
 use std::path::PathBuf;
 
@@ -46,6 +49,7 @@ pub use jsonl::Jsonl;
 pub use math::Math;
 pub use shaping::{Overlong, Shaping};
 pub use split::Split;
+pub use trace::CountdownTrace;
 
 /// One problem: the prompt text the model sees, the reference answer the
 /// verifier checks, and a worked solution text that supervised warm-up
@@ -85,13 +89,32 @@ pub trait Task: Send + Sync {
     fn well_formed(&self, _problem: &Problem, _completion: &str) -> bool {
         false
     }
+
+    /// Whether a response cut off by the token cap is wrong whatever its
+    /// text (a task whose answers must conclude, such as
+    /// `countdown-trace`). Default: the text alone decides.
+    fn fails_when_truncated(&self) -> bool {
+        false
+    }
+
+    /// [`Task::score`] of a response, `truncated` when the token cap
+    /// rather than a stop token ended it: the one entry point of every
+    /// scorer that knows how a response ended.
+    fn score_response(&self, problem: &Problem, completion: &str, truncated: bool) -> f32 {
+        if truncated && self.fails_when_truncated() {
+            0.0
+        } else {
+            self.score(problem, completion)
+        }
+    }
 }
 
 /// Which task to build, as it appears in a config file (`[task]` in TOML).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TaskSpec {
-    /// One of [`NAMES`]: "arith" (default), "countdown", "jsonl" or "math".
+    /// One of [`NAMES`]: "arith" (default), "countdown", "countdown-trace",
+    /// "jsonl" or "math".
     pub name: String,
     /// Seed of the training stream (default 0). The held-out split does not
     /// depend on it.
@@ -250,7 +273,7 @@ pub enum TaskError {
 }
 
 /// Names [`build`] accepts.
-pub const NAMES: &[&str] = &["arith", "countdown", "jsonl", "math"];
+pub const NAMES: &[&str] = &["arith", "countdown", "countdown-trace", "jsonl", "math"];
 
 /// Builds the task a spec names, checking the spec first.
 pub fn build(spec: &TaskSpec) -> Result<Box<dyn Task>, TaskError> {
@@ -258,6 +281,7 @@ pub fn build(spec: &TaskSpec) -> Result<Box<dyn Task>, TaskError> {
     match spec.name.as_str() {
         "arith" => Ok(Box::new(Arith::new(spec.seed, spec.difficulty)?)),
         "countdown" => Ok(Box::new(Countdown::new(spec.seed, spec.difficulty)?)),
+        "countdown-trace" => Ok(Box::new(CountdownTrace::new(spec.seed, spec.difficulty)?)),
         "jsonl" => {
             let options = spec.file_options(Jsonl::default_options());
             Ok(Box::new(Jsonl::open(spec.file_path()?, &options)?))

@@ -111,7 +111,9 @@ impl Verifier for Builtin {
             .completions
             .iter()
             .map(|c| Scored {
-                reward: self.task.score(group.problem, &c.text),
+                reward: self
+                    .task
+                    .score_response(group.problem, &c.text, c.truncated),
                 well_formed: self.task.well_formed(group.problem, &c.text),
                 ..Default::default()
             })
