@@ -83,6 +83,8 @@ pub struct LearnerConfig {
     /// Loss by name (`bapo loss --help` lists them).
     pub algo: String,
     pub bapo_mode: BapoMode,
+    /// BAPO's target positive share `ρ0` (unset: the mode's own).
+    pub bapo_rho0: Option<f64>,
     pub clip_eps: Option<f64>,
     pub clip_eps_high: Option<f64>,
     /// Dual clip `c > 1` for negative advantages; 0 turns off a loss's
@@ -183,6 +185,7 @@ impl Default for LearnerConfig {
         Self {
             algo: "bapo".into(),
             bapo_mode: BapoMode::Paper,
+            bapo_rho0: None,
             clip_eps: None,
             clip_eps_high: None,
             dual_clip: None,
@@ -259,6 +262,7 @@ impl LearnerConfig {
             (self.algo == "spear").then(|| self.spear.on_policy_clip_cov());
         Ok(LossOptions {
             bapo_mode: Some(self.bapo_mode),
+            bapo_rho0: self.bapo_rho0,
             clip_eps: self.clip_eps,
             clip_eps_high: self.clip_eps_high,
             dual_clip: self.dual_clip,

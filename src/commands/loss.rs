@@ -206,6 +206,7 @@ pub fn evaluate(args: &LossArgs, text: &str) -> anyhow::Result<Value> {
         dual_clip: args.dual_clip,
         agg,
         clip_cov: None,
+        bapo_rho0: None,
     };
     let loss = registry::build(&args.algo, &options)?;
     let batch = parse_batch(text)?;

@@ -177,6 +177,10 @@ pub fn entry_of(name: &str) -> Result<&'static Entry, LossError> {
 #[derive(Debug, Clone, Default)]
 pub struct LossOptions {
     pub bapo_mode: Option<BapoMode>,
+    /// BAPO's target positive share `ρ0` (paper mode: the fraction; code
+    /// mode: the ratio `ρ0 / (1 − ρ0)`); unset, the mode's default (0.4,
+    /// and 0.5 as the code's ratio 1). Refused for any other loss.
+    pub bapo_rho0: Option<f64>,
     /// ε_low (and ε_high unless given separately).
     pub clip_eps: Option<f64>,
     pub clip_eps_high: Option<f64>,
@@ -257,10 +261,18 @@ impl LossOptions {
     /// A dual clip must be 0 (off) or above 1 (it caps `r` of negative
     /// tokens from above, past the trust region).
     fn check(&self) -> Result<(), LossError> {
-        match self.dual_clip {
-            Some(c) if !(c == 0.0 || (c.is_finite() && c > 1.0)) => Err(LossError::new(
+        if let Some(c) = self.dual_clip
+            && !(c == 0.0 || (c.is_finite() && c > 1.0))
+        {
+            return Err(LossError::new(
                 "dual_clip",
                 format!("{c} must be 0 (off) or a finite number above 1"),
+            ));
+        }
+        match self.bapo_rho0 {
+            Some(r) if !(r > 0.0 && r < 1.0) => Err(LossError::new(
+                "bapo_rho0",
+                format!("{r} must be a share strictly between 0 and 1"),
             )),
             _ => Ok(()),
         }
@@ -279,6 +291,12 @@ pub fn build_with(
     tis: &TisOptions,
 ) -> Result<Box<dyn PolicyLoss>, LossError> {
     o.check()?;
+    if o.bapo_rho0.is_some() && name != "bapo" {
+        return Err(LossError::new(
+            "bapo_rho0",
+            format!("BAPO's target share does nothing for {name:?}"),
+        ));
+    }
     let agg = |default: Aggregation| o.agg.unwrap_or(default);
     let ppo_like = |base: PpoClip| {
         let (eps_low, eps_high) = o.eps(base.eps_low, base.eps_high);
@@ -298,6 +316,12 @@ pub fn build_with(
             };
             cfg.dual_clip = o.dual(cfg.dual_clip);
             cfg.agg = agg(cfg.agg);
+            if let Some(rho0) = o.bapo_rho0 {
+                cfg.target = match cfg.mode {
+                    BapoMode::Paper => rho0,
+                    BapoMode::Code => rho0 / (1.0 - rho0),
+                };
+            }
             Box::new(Bapo { cfg })
         }
         "ppo" => Box::new(ppo_like(PpoClip::ppo())),
@@ -563,6 +587,48 @@ mod tests {
                 ..Default::default()
             };
             assert_eq!(build("ppo", &o).err().unwrap().field, "dual_clip", "{c}");
+        }
+    }
+
+    /// t3 exhausts paper mode's search below ρ0 = 0.4 (its share reaches
+    /// 0.362 at [0.9, 3.0]); asking for 0.35 lets the search stop earlier,
+    /// target met.
+    #[test]
+    fn bapo_rho0_sets_the_target_in_both_modes() {
+        let b = t3();
+        let d = Denominators::of(&b);
+        let with = |mode, rho0| LossOptions {
+            bapo_mode: Some(mode),
+            bapo_rho0: rho0,
+            ..Default::default()
+        };
+        let metrics = |o: &LossOptions| build("bapo", o).unwrap().compute(&b, &d).metrics;
+        let default = metrics(&with(BapoMode::Paper, None));
+        let same = metrics(&with(BapoMode::Paper, Some(0.4)));
+        assert_eq!(default["c_high"], same["c_high"]);
+        assert_eq!(default["c_low"], same["c_low"]);
+        assert_eq!(default["target_met"], 0.0);
+        let lower = metrics(&with(BapoMode::Paper, Some(0.35)));
+        assert_eq!(lower["target_met"], 1.0, "{lower:?}");
+        assert!(lower["pos_fraction"] >= 0.35, "{lower:?}");
+        assert!(
+            lower["search_steps"] < default["search_steps"],
+            "{lower:?} vs {default:?}"
+        );
+        // Code mode's default ratio 1 is rho0 0.5.
+        let code = metrics(&with(BapoMode::Code, None));
+        let code_half = metrics(&with(BapoMode::Code, Some(0.5)));
+        assert_eq!(code["c_high"], code_half["c_high"]);
+        let ppo = LossOptions {
+            bapo_rho0: Some(0.5),
+            ..Default::default()
+        };
+        assert_eq!(build("ppo", &ppo).err().unwrap().field, "bapo_rho0");
+        for bad in [0.0, 1.0, -0.1, f64::NAN] {
+            let err = build("bapo", &with(BapoMode::Paper, Some(bad)))
+                .err()
+                .unwrap();
+            assert_eq!(err.field, "bapo_rho0", "{bad}");
         }
     }
 
