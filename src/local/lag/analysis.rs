@@ -69,7 +69,7 @@ pub struct Analysis {
     pub verdicts: Vec<Verdict>,
 }
 
-fn median(xs: &[f64]) -> f64 {
+pub(super) fn median(xs: &[f64]) -> f64 {
     let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
     if v.is_empty() {
         return f64::NAN;
@@ -83,7 +83,7 @@ fn mean(xs: impl Iterator<Item = f64>) -> f64 {
     mean_sd(&v).0
 }
 
-fn summarise(arm: &Arm, runs: &[&ArmRun]) -> ArmSummary {
+pub(super) fn summarise(arm: &Arm, runs: &[&ArmRun]) -> ArmSummary {
     let per = |f: &dyn Fn(&ArmRun) -> f64| runs.iter().map(|r| f(r)).collect::<Vec<f64>>();
     let first = |r: &ArmRun| r.probes.first().map_or(f64::NAN, |p| p.entropy);
     let last = |r: &ArmRun| r.probes.last().map_or(f64::NAN, |p| p.entropy);
@@ -279,6 +279,7 @@ mod tests {
         };
         ArmRun {
             arm: arm.into(),
+            warm: 0,
             seed,
             probes: vec![probe(0, 1.0), probe(10, end)],
             steps: (0..10)

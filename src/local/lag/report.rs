@@ -4,7 +4,7 @@
 use std::{fmt::Write as _, path::Path};
 
 use super::{
-    analysis::{ALPHA, Analysis, GATE1_MISS},
+    analysis::{ALPHA, Analysis, ArmSummary, GATE1_MISS},
     arms::Arm,
     episode::ArmRun,
 };
@@ -35,7 +35,7 @@ pub fn write(out: &Path, arms: &[Arm], runs: &[ArmRun], a: &Analysis) -> anyhow:
         "- Gate 2 (H1, the positive control): {}\n",
         yn(a.gate2_passed)
     )?;
-    write_table(&mut md, a)?;
+    write_table(&mut md, &a.arms)?;
     md += "\n## Hypotheses\n\n";
     for v in &a.verdicts {
         let verdict = match v.holds {
@@ -61,12 +61,12 @@ pub fn write(out: &Path, arms: &[Arm], runs: &[ArmRun], a: &Analysis) -> anyhow:
     Ok(())
 }
 
-fn write_table(md: &mut String, a: &Analysis) -> anyhow::Result<()> {
+pub(super) fn write_table(md: &mut String, arms: &[ArmSummary]) -> anyhow::Result<()> {
     md.push_str(
         "| arm | | seeds | entropy change | final entropy | test acc | test pass@k | clip low | clip high | grad spikes | BAPO regimes (start / moved / exhausted) |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    for s in &a.arms {
+    for s in arms {
         let f = |name: &str, digits: usize| {
             s.mean_sd
                 .iter()
@@ -98,8 +98,14 @@ fn write_table(md: &mut String, a: &Analysis) -> anyhow::Result<()> {
 }
 
 /// Seed-mean curves of each arm: fresh-sample entropy and validation
-/// accuracy at the probes, and the batch reward (mean of 25 steps).
-fn write_charts(md: &mut String, out: &Path, arms: &[Arm], runs: &[ArmRun]) -> anyhow::Result<()> {
+/// accuracy at the probes, and the batch reward (mean of 25 batches; one
+/// value per batch, since all its updates train on the same rewards).
+pub(super) fn write_charts(
+    md: &mut String,
+    out: &Path,
+    arms: &[Arm],
+    runs: &[ArmRun],
+) -> anyhow::Result<()> {
     let charts = out.join("charts");
     std::fs::create_dir_all(&charts)?;
     type Pick = fn(&ArmRun) -> Vec<(f64, f64)>;
@@ -117,7 +123,12 @@ fn write_charts(md: &mut String, out: &Path, arms: &[Arm], runs: &[ArmRun]) -> a
                 .collect()
         }),
         ("reward", "batch reward (mean of 25 steps)", |r| {
-            let pts: Vec<(f64, f64)> = r.steps.iter().map(|s| (s.step as f64, s.reward)).collect();
+            let pts: Vec<(f64, f64)> = r
+                .steps
+                .iter()
+                .filter(|s| s.update == 0)
+                .map(|s| (s.step as f64, s.reward))
+                .collect();
             crate::local::report::smooth(&pts, 25)
         }),
     ];

@@ -1,0 +1,341 @@
+//! From the reuse study's runs to its registered verdicts
+//! (docs/study/reuse/README.md): the gates, one primary contrast, the
+//! secondary contrasts under Holm's correction, a non-inferiority test and
+//! the effect the design could detect. Every contrast is paired: two arms'
+//! runs of the same warm start and seed saw the same prompts, drawn the
+//! same way.
+
+use serde::Serialize;
+
+use super::{
+    analysis::{ALPHA, ArmSummary, GATE1_MISS, summarise},
+    arms::Arm,
+    episode::{ArmRun, WarmRow},
+    gate::Gate0,
+    stats::{Paired, detectable_effect, holm, mean_sd, non_inferiority_p, paired},
+};
+
+/// Non-inferiority margin on test accuracy (3 points), registered.
+pub const MARGIN: f64 = 0.03;
+
+/// Power the detectable effect is stated at.
+pub const POWER: f64 = 0.8;
+
+/// One paired contrast of two arms on one endpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct Contrast {
+    pub name: String,
+    pub test: Option<Paired>,
+    /// Holm-adjusted p within the secondary family (the primary: its own).
+    pub p_adjusted: Option<f64>,
+}
+
+impl Contrast {
+    /// Significant at [`ALPHA`] after adjustment, in either direction.
+    pub fn significant(&self) -> Option<bool> {
+        self.p_adjusted.map(|p| p < ALPHA)
+    }
+}
+
+/// Gate 2's dose-response: entropy change per doubling of E under PPO
+/// [0.8, 1.2], one slope per (warm start, seed), tested against 0.
+#[derive(Debug, Clone, Serialize)]
+pub struct DoseResponse {
+    /// Mean entropy change at each E (seed means).
+    pub by_updates: Vec<(u64, f64)>,
+    pub slope: Option<Paired>,
+    /// Arm a's validation accuracy, end minus start, paired over runs.
+    pub on_policy_gain: Option<Paired>,
+    pub passed: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NonInferiority {
+    pub name: String,
+    pub margin: f64,
+    pub mean_diff: f64,
+    /// One-sided p that the difference exceeds `-margin`.
+    pub p: Option<f64>,
+    pub holds: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ReuseAnalysis {
+    pub updates: u64,
+    /// The warm starts themselves, measured as the runs are at their end.
+    pub warm_starts: Vec<WarmRow>,
+    pub arms: Vec<ArmSummary>,
+    pub gate0: Vec<Gate0>,
+    pub gate0_passed: Option<bool>,
+    pub gate1_start_window_miss: Option<f64>,
+    pub gate1_passed: Option<bool>,
+    pub gate2: DoseResponse,
+    pub primary: Contrast,
+    /// Holds when the primary contrast is significant with f above b.
+    pub primary_holds: Option<bool>,
+    pub secondary: Vec<Contrast>,
+    pub non_inferiority: NonInferiority,
+    /// The smallest primary effect (nats) this many pairs detect at
+    /// [`POWER`], from the observed sd of the paired differences.
+    pub detectable_effect: Option<f64>,
+}
+
+/// Runs of `arm` keyed by (warm start, seed).
+fn keyed<'a>(runs: &'a [ArmRun], arm: &str) -> Vec<((u64, u64), &'a ArmRun)> {
+    let mut v: Vec<_> = runs
+        .iter()
+        .filter(|r| r.arm == arm)
+        .map(|r| ((r.warm, r.seed), r))
+        .collect();
+    v.sort_by_key(|(k, _)| *k);
+    v
+}
+
+/// `f` of arms `x` and `y` on the (warm start, seed) pairs both ran.
+fn pairs(runs: &[ArmRun], x: &str, y: &str, f: fn(&ArmRun) -> f64) -> (Vec<f64>, Vec<f64>) {
+    let ys = keyed(runs, y);
+    keyed(runs, x)
+        .into_iter()
+        .filter_map(|(k, a)| {
+            let b = ys.iter().find(|(kb, _)| *kb == k)?.1;
+            Some((f(a), f(b)))
+        })
+        .unzip()
+}
+
+fn final_entropy(r: &ArmRun) -> f64 {
+    r.probes.last().map_or(f64::NAN, |p| p.entropy)
+}
+
+fn entropy_change(r: &ArmRun) -> f64 {
+    final_entropy(r) - r.probes.first().map_or(f64::NAN, |p| p.entropy)
+}
+
+fn test_accuracy(r: &ArmRun) -> f64 {
+    r.test_accuracy
+}
+
+fn contrast(runs: &[ArmRun], x: &str, y: &str, endpoint: (&str, fn(&ArmRun) -> f64)) -> Contrast {
+    let (a, b) = pairs(runs, x, y, endpoint.1);
+    Contrast {
+        name: format!("{} {x} - {y}", endpoint.0),
+        test: paired(&a, &b),
+        p_adjusted: None,
+    }
+}
+
+pub fn analyse(
+    updates: u64,
+    arms: &[Arm],
+    runs: &[ArmRun],
+    gate0: &[Gate0],
+    warm: &[WarmRow],
+) -> ReuseAnalysis {
+    let summaries: Vec<ArmSummary> = arms
+        .iter()
+        .map(|a| {
+            let mine: Vec<&ArmRun> = runs.iter().filter(|r| r.arm == a.id).collect();
+            summarise(a, &mine)
+        })
+        .collect();
+    let gate1 = summaries
+        .iter()
+        .find(|s| s.arm == "f" && s.seeds > 0)
+        .and_then(|f| f.regimes.as_ref())
+        .map(|r| 1.0 - r.start);
+    let mut primary = contrast(runs, "f", "b", ("final_entropy", final_entropy));
+    primary.p_adjusted = primary.test.as_ref().map(|t| t.p);
+    let primary_holds = primary.test.as_ref().map(|t| t.p < ALPHA && t.diff > 0.0);
+    let detectable = primary
+        .test
+        .as_ref()
+        .map(|t| detectable_effect(t.n, t.sd, ALPHA, POWER));
+    ReuseAnalysis {
+        updates,
+        warm_starts: warm.to_vec(),
+        gate0: gate0.to_vec(),
+        gate0_passed: (!gate0.is_empty()).then(|| gate0.iter().all(Gate0::passed)),
+        gate1_start_window_miss: gate1,
+        gate1_passed: gate1.map(|m| m >= GATE1_MISS),
+        gate2: dose_response(arms, runs, updates),
+        primary,
+        primary_holds,
+        secondary: secondary(runs),
+        non_inferiority: non_inferiority(runs),
+        detectable_effect: detectable,
+        arms: summaries,
+    }
+}
+
+/// The registered secondary family, Holm-adjusted together.
+fn secondary(runs: &[ArmRun]) -> Vec<Contrast> {
+    let fin = ("final_entropy", final_entropy as fn(&ArmRun) -> f64);
+    let acc = ("test_accuracy", test_accuracy as fn(&ArmRun) -> f64);
+    let mut family = vec![
+        contrast(runs, "b", "a", fin),
+        contrast(runs, "f", "b", acc),
+        contrast(runs, "f", "c", fin),
+        contrast(runs, "f", "d", fin),
+        contrast(runs, "e", "b", fin),
+        contrast(runs, "g", "b", fin),
+        contrast(runs, "h", "b", fin),
+    ];
+    let tested: Vec<usize> = (0..family.len())
+        .filter(|&i| family[i].test.is_some())
+        .collect();
+    let ps: Vec<f64> = tested
+        .iter()
+        .filter_map(|&i| family[i].test.as_ref().map(|t| t.p))
+        .collect();
+    for (&i, p) in tested.iter().zip(holm(&ps)) {
+        family[i].p_adjusted = Some(p);
+    }
+    family
+}
+
+fn non_inferiority(runs: &[ArmRun]) -> NonInferiority {
+    let (f, b) = pairs(runs, "f", "b", test_accuracy);
+    let diffs: Vec<f64> = f.iter().zip(&b).map(|(x, y)| x - y).collect();
+    let p = non_inferiority_p(&f, &b, MARGIN);
+    NonInferiority {
+        name: "test_accuracy f - b".into(),
+        margin: MARGIN,
+        mean_diff: mean_sd(&diffs).0,
+        p,
+        holds: p.map(|p| p < ALPHA),
+    }
+}
+
+/// PPO [0.8, 1.2] at every E that ran: `a` (1), `p2`, `p4`, `p8` and `b`
+/// (the study's E).
+fn dose_response(arms: &[Arm], runs: &[ArmRun], updates: u64) -> DoseResponse {
+    let ppo_ids: Vec<(&str, u64)> = arms
+        .iter()
+        .filter(|a| a.algo == "ppo" && a.eps == Some((0.2, 0.2)))
+        .map(|a| (a.id, a.updates))
+        .collect();
+    let mut by_updates: Vec<(u64, f64)> = Vec::new();
+    let mut per_key: std::collections::BTreeMap<(u64, u64), Vec<(f64, f64)>> = Default::default();
+    for &(id, e) in &ppo_ids {
+        let mine = keyed(runs, id);
+        if mine.is_empty() || by_updates.iter().any(|(x, _)| *x == e) {
+            continue;
+        }
+        let changes: Vec<f64> = mine.iter().map(|(_, r)| entropy_change(r)).collect();
+        by_updates.push((e, mean_sd(&changes).0));
+        for (k, r) in mine {
+            per_key
+                .entry(k)
+                .or_default()
+                .push(((e as f64).log2(), entropy_change(r)));
+        }
+    }
+    by_updates.sort_by_key(|x| x.0);
+    let slopes: Vec<f64> = per_key
+        .values()
+        .filter(|pts| pts.len() >= 2)
+        .map(|pts| super::stats::slope(pts))
+        .collect();
+    let slope = paired(&slopes, &vec![0.0; slopes.len()]);
+    let (end, start): (Vec<f64>, Vec<f64>) = keyed(runs, "a")
+        .into_iter()
+        .map(|(_, r)| {
+            let v = |p: Option<&super::episode::Probe>| p.map_or(f64::NAN, |p| p.val_accuracy);
+            (v(r.probes.last()), v(r.probes.first()))
+        })
+        .unzip();
+    let gain = paired(&end, &start);
+    let reaches = by_updates.iter().any(|(e, _)| *e == updates) && by_updates.len() >= 3;
+    let passed = match (&slope, &gain) {
+        (Some(s), Some(g)) if reaches => {
+            Some(s.diff < 0.0 && s.p < ALPHA && g.diff > 0.0 && g.p < ALPHA)
+        }
+        _ => None,
+    };
+    DoseResponse {
+        by_updates,
+        slope,
+        on_policy_gain: gain,
+        passed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::lag::{
+        arms::reuse,
+        episode::{Probe, StepRow},
+    };
+
+    /// A run whose entropy goes from 1.0 to `end`, validation accuracy
+    /// from 0.3 to `val`, test accuracy `acc`.
+    fn run(arm: &str, warm: u64, seed: u64, end: f64, val: f64, acc: f64) -> ArmRun {
+        let probe = |step, entropy, val_accuracy| Probe {
+            step,
+            entropy,
+            val_accuracy,
+        };
+        ArmRun {
+            arm: arm.into(),
+            warm,
+            seed,
+            probes: vec![probe(0, 1.0, 0.3), probe(10, end, val)],
+            steps: (0..10)
+                .map(|t| StepRow {
+                    step: t,
+                    grad_norm: 1.0,
+                    search_steps: Some((t % 2) as f64),
+                    target_met: Some(1.0),
+                    ..Default::default()
+                })
+                .collect(),
+            test_accuracy: acc,
+            test_pass_at_k: None,
+            seconds: 0.0,
+        }
+    }
+
+    #[test]
+    fn verdicts_follow_the_registered_rules() {
+        let mut runs = Vec::new();
+        for w in 0..3 {
+            for s in 0..3 {
+                let j = (w * 3 + s) as f64 * 0.003;
+                // Entropy falls with E under PPO; f keeps it; accuracy
+                // equal within noise.
+                runs.push(run("a", w, s, 0.95 + j * 0.5, 0.4 + j, 0.5 + j));
+                runs.push(run("p2", w, s, 0.85 + j * 2.0, 0.4, 0.5));
+                runs.push(run("p4", w, s, 0.75 - j, 0.4, 0.5));
+                runs.push(run("b", w, s, 0.6 + j, 0.4, 0.5 + j));
+                runs.push(run("f", w, s, 0.9 - j, 0.4, 0.5 + j * 0.5));
+            }
+        }
+        let a = analyse(8, &reuse(8), &runs, &[], &[]);
+        assert_eq!(a.primary_holds, Some(true), "{:?}", a.primary);
+        assert_eq!(a.gate2.passed, Some(true), "{:?}", a.gate2);
+        assert_eq!(
+            a.gate2.by_updates.iter().map(|x| x.0).collect::<Vec<_>>(),
+            [1, 2, 4, 8]
+        );
+        assert_eq!(a.gate1_start_window_miss, Some(0.5));
+        assert_eq!(a.non_inferiority.holds, Some(true));
+        let tested: Vec<&str> = a
+            .secondary
+            .iter()
+            .filter(|c| c.test.is_some())
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(tested, ["final_entropy b - a", "test_accuracy f - b"]);
+        // Holm never lowers a p-value.
+        for c in &a.secondary {
+            if let (Some(t), Some(p)) = (&c.test, c.p_adjusted) {
+                assert!(p >= t.p, "{c:?}");
+            }
+        }
+        assert!(a.detectable_effect.unwrap() > 0.0);
+        assert_eq!(a.gate0_passed, None, "gate 0 not measured");
+        let g = a.arms.iter().find(|s| s.arm == "h").unwrap();
+        assert_eq!(g.seeds, 0, "arm h was not run");
+    }
+}

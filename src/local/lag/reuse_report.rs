@@ -1,0 +1,176 @@
+//! The reuse study's `results.md`: the gates with their evidence, the
+//! warm starts as rows of their own, one row per arm (mean ± sd over warm
+//! starts x seeds), the primary contrast, the secondary family with Holm's
+//! adjustment, the non-inferiority test, the detectable effect, the curves.
+
+use std::{fmt::Write as _, path::Path};
+
+use super::{
+    analysis::{ALPHA, GATE1_MISS},
+    arms::Arm,
+    episode::ArmRun,
+    gate::GATE0_BAND,
+    report::{write_charts, write_table},
+    reuse_analysis::{Contrast, POWER, ReuseAnalysis},
+};
+
+fn yn(b: Option<bool>) -> &'static str {
+    match b {
+        Some(true) => "passed",
+        Some(false) => "failed",
+        None => "not run",
+    }
+}
+
+pub fn write(out: &Path, arms: &[Arm], runs: &[ArmRun], a: &ReuseAnalysis) -> anyhow::Result<()> {
+    let mut md = format!(
+        "# Sample-reuse study (E = {}): results\n\nWritten by `bapo study --reuse`; \
+         the numbers are in `study.json` beside it, the registration in README.md.\n\n",
+        a.updates
+    );
+    write_gates(&mut md, a)?;
+    md += "## Warm starts (where every arm starts)\n\n\
+           | warm start | fresh-sample entropy | validation acc | test acc | test pass@k |\n\
+           |---|---|---|---|---|\n";
+    for w in &a.warm_starts {
+        writeln!(
+            md,
+            "| {} | {:.3} | {:.3} | {:.3} | {} |",
+            w.warm,
+            w.entropy,
+            w.val_accuracy,
+            w.test_accuracy,
+            w.test_pass_at_k.map_or("-".into(), |p| format!("{p:.3}"))
+        )?;
+    }
+    md += "\n## Arms\n\n";
+    write_table(&mut md, &a.arms)?;
+    md += "\n## Contrasts (paired over warm start x seed)\n\n";
+    let line = |md: &mut String, c: &Contrast| -> std::fmt::Result {
+        match &c.test {
+            Some(t) => writeln!(
+                md,
+                "- {}: {:+.4} (sd {:.4}, n {}, t = {:.2}, p = {:.4}, adjusted p = {:.4}){}",
+                c.name,
+                t.diff,
+                t.sd,
+                t.n,
+                t.t,
+                t.p,
+                c.p_adjusted.unwrap_or(f64::NAN),
+                if c.significant() == Some(true) {
+                    ": **significant**"
+                } else {
+                    ""
+                }
+            ),
+            None => writeln!(
+                md,
+                "- {}: no test (arm not run, too few pairs or no variance)",
+                c.name
+            ),
+        }
+    };
+    md += "Primary (registered, alone at alpha 0.05):\n\n";
+    line(&mut md, &a.primary)?;
+    writeln!(
+        md,
+        "\nPrimary verdict: BAPO paper mode keeps more entropy than PPO at E = {}: **{}**\n",
+        a.updates,
+        match a.primary_holds {
+            Some(true) => "holds",
+            Some(false) => "does not hold",
+            None => "not tested",
+        }
+    )?;
+    md += "Secondary (Holm-adjusted as one family):\n\n";
+    for c in &a.secondary {
+        line(&mut md, c)?;
+    }
+    let ni = &a.non_inferiority;
+    writeln!(
+        md,
+        "\nNon-inferiority, {}: mean {:+.4}, margin {:.2}, one-sided p = {}: **{}**\n",
+        ni.name,
+        ni.mean_diff,
+        ni.margin,
+        ni.p.map_or("-".into(), |p| format!("{p:.4}")),
+        match ni.holds {
+            Some(true) => "non-inferior",
+            Some(false) => "not shown non-inferior",
+            None => "not tested",
+        }
+    )?;
+    if let Some(e) = a.detectable_effect {
+        writeln!(
+            md,
+            "Power: with these pairs and the observed sd of the primary's differences, \
+             a difference of {e:.4} nats in final entropy is detected with probability \
+             {POWER} at alpha {ALPHA} (two-sided).\n"
+        )?;
+    }
+    write_charts(&mut md, out, arms, runs)?;
+    std::fs::write(out.join("results.md"), md)?;
+    Ok(())
+}
+
+fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
+    md.push_str("## Gates\n\n");
+    writeln!(
+        md,
+        "- Gate 0 (the warm start's positive share at ratio 1 in [{}, {}]): {}",
+        GATE0_BAND.0,
+        GATE0_BAND.1,
+        yn(a.gate0_passed)
+    )?;
+    for g in &a.gate0 {
+        writeln!(
+            md,
+            "  - warm start {}: share {:.3} over {} groups ({} informative), accuracy {:.3}, \
+             right {:.1} / wrong {:.1} tokens, {:.1}% truncated",
+            g.warm,
+            g.positive_share,
+            g.groups,
+            g.informative_groups,
+            g.accuracy,
+            g.right_len_mean,
+            g.wrong_len_mean,
+            g.truncated_share * 100.0
+        )?;
+    }
+    writeln!(
+        md,
+        "- Gate 1 (BAPO's start window misses rho0 in >= {:.0}% of arm f's updates): {}{}",
+        GATE1_MISS * 100.0,
+        yn(a.gate1_passed),
+        a.gate1_start_window_miss
+            .map_or(String::new(), |m| format!(" (missed in {:.1}%)", m * 100.0))
+    )?;
+    let d = &a.gate2;
+    let doses: Vec<String> = d
+        .by_updates
+        .iter()
+        .map(|(e, c)| format!("E {e}: {c:+.4}"))
+        .collect();
+    writeln!(
+        md,
+        "- Gate 2 (PPO [0.8, 1.2] loses entropy faster as E grows, and E = 1 improves \
+         validation accuracy): {}\n  - entropy change by E: {}\n  - slope per doubling \
+         of E: {}\n  - E = 1 validation accuracy gain: {}\n",
+        yn(d.passed),
+        if doses.is_empty() {
+            "-".into()
+        } else {
+            doses.join(", ")
+        },
+        d.slope.as_ref().map_or("-".into(), |s| format!(
+            "{:+.4} (n {}, p = {:.4})",
+            s.diff, s.n, s.p
+        )),
+        d.on_policy_gain.as_ref().map_or("-".into(), |g| format!(
+            "{:+.4} (n {}, p = {:.4})",
+            g.diff, g.n, g.p
+        )),
+    )?;
+    Ok(())
+}
