@@ -136,4 +136,13 @@ fn spear_replays_and_remix_follows_its_schedule_in_a_short_run() {
         "replay after reincarnation: {replayed:?}"
     );
     assert!(values(&steps, "kl_base_k3").iter().any(|&k| k > 0.0));
+    // Two updates per batch: each has its line, and the batch's last also
+    // carries the means over both.
+    let norms = values(&steps, "grad_norm");
+    let means = values(&steps, "grad_norm_batch_mean");
+    assert_eq!((norms.len(), means.len()), (12, 6), "{steps:?}");
+    for (k, m) in means.iter().enumerate() {
+        let want = (norms[2 * k] + norms[2 * k + 1]) / 2.0;
+        assert!((m - want).abs() < 1e-9, "batch {k}: {m} vs {want}");
+    }
 }

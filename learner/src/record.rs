@@ -59,6 +59,38 @@ impl Metric {
     }
 }
 
+/// The per-update values a batch of several updates also reports as means
+/// over its updates (a reuse study reads the batch, not only its last
+/// update).
+pub const BATCH_MEANS: [Metric; 6] = [
+    Metric::ClipFracLow,
+    Metric::ClipFracHigh,
+    Metric::PosFraction,
+    Metric::SearchSteps,
+    Metric::TargetMet,
+    Metric::GradNorm,
+];
+
+/// `<key>_batch_mean` of each [`BATCH_MEANS`] value the updates of one
+/// batch report, over those that report it; empty for a single update.
+pub fn batch_means(updates: &[StepReport]) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    if updates.len() < 2 {
+        return out;
+    }
+    for m in BATCH_MEANS {
+        let xs: Vec<f64> = updates
+            .iter()
+            .filter_map(|r| r.metrics.get(m.key()).copied())
+            .collect();
+        if !xs.is_empty() {
+            let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+            out.insert(format!("{}_batch_mean", m.key()), mean);
+        }
+    }
+    out
+}
+
 impl From<Metric> for String {
     fn from(m: Metric) -> String {
         m.key().to_string()
@@ -157,6 +189,43 @@ impl StepRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn report(step: u64, metrics: &[(Metric, f64)]) -> StepReport {
+        StepReport {
+            step,
+            version: step,
+            loss: 0.0,
+            lr: 1e-4,
+            sequences: 8,
+            tokens: 64,
+            seconds: 1.0,
+            metrics: metrics
+                .iter()
+                .map(|(m, v)| (m.key().to_string(), *v))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn batch_means_average_each_value_over_the_updates_reporting_it() {
+        let updates = [
+            report(1, &[(Metric::ClipFracLow, 0.0), (Metric::PosFraction, 0.5)]),
+            report(2, &[(Metric::ClipFracLow, 0.1), (Metric::PosFraction, 0.3)]),
+            report(3, &[(Metric::ClipFracLow, 0.2), (Metric::GradNorm, 2.0)]),
+        ];
+        let m = batch_means(&updates);
+        assert!((m["clip_frac_low_batch_mean"] - 0.1).abs() < 1e-12);
+        assert!((m["pos_fraction_batch_mean"] - 0.4).abs() < 1e-12);
+        assert_eq!(m["grad_norm_batch_mean"], 2.0);
+        assert!(
+            !m.contains_key("target_met_batch_mean"),
+            "no update reported it"
+        );
+        assert!(
+            batch_means(&updates[..1]).is_empty(),
+            "one update: no means"
+        );
+    }
 
     #[test]
     fn a_record_round_trips_and_non_finite_values_read_back_absent() {

@@ -278,7 +278,7 @@ impl<'o> Session<'o> {
         if reached(cfg.broadcast_every, |r| r.version) {
             publish(&self.hub, trainer).await?;
         }
-        let mut extra = BTreeMap::new();
+        let mut extra = crate::record::batch_means(reports);
         // What the buffer's books must match (bapo run reconciles on it):
         // replay updates and several updates per batch draw nothing.
         extra.insert(
