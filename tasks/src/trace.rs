@@ -13,7 +13,12 @@
 //! The puzzles, their split and the verifier of the answer are countdown's;
 //! the worked solutions of the warm start come from a solver that tries a
 //! few wrong expressions (chosen by a hash of the puzzle) before one that
-//! reaches the target.
+//! reaches the target. On [`GIVE_UP_PERCENT`] of the puzzles the solver
+//! gives up instead: wrong attempts past [`GIVE_UP_LEN`] characters and no
+//! answer. Without those, a warm start learns to conclude after a few
+//! attempts whether or not it found the target, and its wrong answers are
+//! as short as its right ones (measured: positive share 0.491, right 42.5
+//! and wrong 45.1 tokens, nothing truncated; docs/study/reuse).
 
 use rand::{Rng, SeedableRng, rngs::SmallRng, seq::SliceRandom};
 
@@ -30,8 +35,19 @@ pub const ATTEMPT_END: char = ';';
 /// Key of the hash that picks a puzzle's wrong attempts ("trace_wr").
 const ATTEMPTS_KEY: u64 = 0x7472_6163_655f_7772;
 
+/// Key of the hash that picks the puzzles whose trace gives up ("trace_gu").
+const GIVE_UP_KEY: u64 = 0x7472_6163_655f_6775;
+
 /// Wrong attempts before the right one in a worked trace: 1 to this many.
 pub const MAX_WRONG_ATTEMPTS: usize = 3;
+
+/// Share of puzzles, in percent (by a hash of the puzzle), whose warm-start
+/// trace gives up.
+pub const GIVE_UP_PERCENT: u64 = 50;
+
+/// A trace that gives up runs at least this many characters: past the
+/// response cap of the study (80), so a policy imitating it is cut off.
+pub const GIVE_UP_LEN: usize = 100;
 
 /// Countdown puzzles with traced solutions.
 #[derive(Debug, Clone)]
@@ -50,7 +66,11 @@ impl CountdownTrace {
     fn traced(problem: Problem) -> Problem {
         let numbers = countdown::parse_prompt(&problem.prompt).unwrap_or_default();
         let target = problem.answer.parse().unwrap_or(0);
-        let solution = trace(&numbers, target, &problem.solution);
+        let solution = if gives_up(&numbers, target) {
+            give_up_trace(&numbers, target)
+        } else {
+            trace(&numbers, target, &problem.solution)
+        };
         Problem {
             id: problem.id.replacen("countdown", "countdown-trace", 1),
             solution,
@@ -63,19 +83,7 @@ impl CountdownTrace {
 /// [`MAX_WRONG_ATTEMPTS`] distinct wrong expressions with integer values
 /// (each with its value), then `solution` with the target, then the answer.
 pub fn trace(numbers: &[u64], target: u64, solution: &str) -> String {
-    let mut h = StableHasher::new(ATTEMPTS_KEY);
-    for &n in numbers {
-        h = h.word(n);
-    }
-    let mut rng = SmallRng::seed_from_u64(h.word(target).finish());
-    let mut wrong: Vec<(String, i128)> = expressions(numbers)
-        .into_iter()
-        .filter_map(|(e, v)| (v.den == 1 && v.num >= 0).then_some((e, v.num)))
-        .filter(|&(_, v)| v != i128::from(target))
-        .collect();
-    wrong.sort();
-    wrong.dedup_by(|a, b| a.0 == b.0);
-    wrong.shuffle(&mut rng);
+    let (wrong, mut rng) = wrong_attempts(numbers, target);
     let n = rng.random_range(1..=MAX_WRONG_ATTEMPTS).min(wrong.len());
     let mut out = String::new();
     for (e, v) in &wrong[..n] {
@@ -85,6 +93,49 @@ pub fn trace(numbers: &[u64], target: u64, solution: &str) -> String {
         "{solution}={target}{ATTEMPT_END}{ANSWER_MARK}{solution}"
     ));
     out
+}
+
+/// The trace of a solver that gives up: distinct wrong attempts (each with
+/// its value) until the trace is [`GIVE_UP_LEN`] characters long (or the
+/// attempts run out), and no answer.
+pub fn give_up_trace(numbers: &[u64], target: u64) -> String {
+    let (wrong, _) = wrong_attempts(numbers, target);
+    let mut out = String::new();
+    for (e, v) in &wrong {
+        if out.len() >= GIVE_UP_LEN {
+            break;
+        }
+        out.push_str(&format!("{e}={v}{ATTEMPT_END}"));
+    }
+    out
+}
+
+/// Whether the warm-start trace of this puzzle gives up.
+pub fn gives_up(numbers: &[u64], target: u64) -> bool {
+    puzzle_hash(GIVE_UP_KEY, numbers, target) % 100 < GIVE_UP_PERCENT
+}
+
+fn puzzle_hash(key: u64, numbers: &[u64], target: u64) -> u64 {
+    let mut h = StableHasher::new(key);
+    for &n in numbers {
+        h = h.word(n);
+    }
+    h.word(target).finish()
+}
+
+/// The distinct wrong expressions with non-negative integer values, in an
+/// order shuffled by the puzzle's hash, and the generator that shuffled.
+fn wrong_attempts(numbers: &[u64], target: u64) -> (Vec<(String, i128)>, SmallRng) {
+    let mut rng = SmallRng::seed_from_u64(puzzle_hash(ATTEMPTS_KEY, numbers, target));
+    let mut wrong: Vec<(String, i128)> = expressions(numbers)
+        .into_iter()
+        .filter_map(|(e, v)| (v.den == 1 && v.num >= 0).then_some((e, v.num)))
+        .filter(|&(_, v)| v != i128::from(target))
+        .collect();
+    wrong.sort();
+    wrong.dedup_by(|a, b| a.0 == b.0);
+    wrong.shuffle(&mut rng);
+    (wrong, rng)
 }
 
 /// The answer of a completion: what follows its first [`ANSWER_MARK`]
@@ -282,19 +333,27 @@ mod tests {
     }
 
     /// Issue 31 asks for right answers of 25-70 tokens (one character is
-    /// one token for the built-in tokenizer) at level 1.
+    /// one token for the built-in tokenizer) at level 1; about half the
+    /// traces give up past the cap instead.
     #[test]
     fn worked_traces_are_25_to_70_characters_at_level_1() {
         let task = CountdownTrace::new(0, 1).unwrap();
-        let mut lengths: Vec<usize> = (0..500)
-            .map(|i| {
-                let p = task.train_problem(i);
+        let (mut lengths, mut gave_up) = (Vec::new(), 0);
+        for i in 0..1000 {
+            let p = task.train_problem(i);
+            if p.solution.contains(ANSWER_MARK) {
                 assert_eq!(task.score(&p, &p.solution), 1.0, "{p:?}");
-                p.solution.len()
-            })
-            .collect();
+                lengths.push(p.solution.len());
+            } else {
+                assert!(p.solution.len() >= GIVE_UP_LEN, "{p:?}");
+                assert_eq!(task.score(&p, &p.solution), 0.0);
+                gave_up += 1;
+            }
+        }
+        assert!((420..=580).contains(&gave_up), "{gave_up} of 1000 gave up");
         lengths.sort_unstable();
-        let (lo, median, hi) = (lengths[12], lengths[250], lengths[487]);
+        let n = lengths.len();
+        let (lo, median, hi) = (lengths[n / 40], lengths[n / 2], lengths[n - n / 40]);
         assert!(
             lo >= 20 && hi <= 70 && (30..=55).contains(&median),
             "{lo} {median} {hi}"
