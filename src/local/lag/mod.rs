@@ -77,6 +77,8 @@ pub struct LagStudy {
 type Job = (Arm, u64, u64);
 
 pub fn run(study: &LagStudy) -> anyhow::Result<()> {
+    // The commit the runs start from: HEAD may move while they run.
+    let commit = git_commit();
     std::fs::create_dir_all(&study.out)?;
     let cfg = ConfigFile::load_or_builtin(study.config.as_deref())?;
     let all = match study.design {
@@ -126,7 +128,6 @@ pub fn run(study: &LagStudy) -> anyhow::Result<()> {
             Some(reuse_analysis::analyse(e, &arms, &runs, &gates, &warm_rows)),
         ),
     };
-    let commit = git_commit();
     let (lag, updates) = match study.design {
         Design::Lag(k) => (Some(k), None),
         Design::Reuse(e) => (None, Some(e)),

@@ -71,9 +71,7 @@ pub(super) fn write_table(md: &mut String, arms: &[ArmSummary]) -> anyhow::Resul
             s.mean_sd
                 .iter()
                 .find(|e| e.0 == name)
-                .map_or("-".into(), |e| {
-                    format!("{:.*} ± {:.*}", digits, e.1, digits, e.2)
-                })
+                .map_or("-".into(), |e| mean_pm_sd(e.1, e.2, digits))
         };
         let regimes = s.regimes.as_ref().map_or("-".into(), |r| {
             format!("{:.2} / {:.2} / {:.2}", r.start, r.moved, r.exhausted)
@@ -153,6 +151,16 @@ pub(super) fn write_charts(
     Ok(())
 }
 
+/// `mean ± sd`; the mean alone for one seed, `-` when nothing was measured
+/// (pass@k when k is 1).
+fn mean_pm_sd(mean: f64, sd: f64, digits: usize) -> String {
+    match (mean.is_finite(), sd.is_finite()) {
+        (false, _) => "-".into(),
+        (true, false) => format!("{mean:.digits$}"),
+        (true, true) => format!("{mean:.digits$} ± {sd:.digits$}"),
+    }
+}
+
 /// Pointwise mean of curves sampled at the same x values.
 fn mean_curve(curves: &[Vec<(f64, f64)>]) -> Vec<(f64, f64)> {
     let n = curves.iter().map(Vec::len).min().unwrap_or(0);
@@ -162,4 +170,16 @@ fn mean_curve(curves: &[Vec<(f64, f64)>]) -> Vec<(f64, f64)> {
             (curves[0][i].0, ys / curves.len() as f64)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cell_shows_what_was_measured() {
+        assert_eq!(mean_pm_sd(0.5, 0.01, 3), "0.500 ± 0.010");
+        assert_eq!(mean_pm_sd(0.5, f64::NAN, 3), "0.500", "one seed");
+        assert_eq!(mean_pm_sd(f64::NAN, f64::NAN, 3), "-", "not measured");
+    }
 }
