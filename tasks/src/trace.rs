@@ -43,11 +43,11 @@ pub const MAX_WRONG_ATTEMPTS: usize = 3;
 
 /// Share of puzzles, in percent (by a hash of the puzzle), whose warm-start
 /// trace gives up.
-pub const GIVE_UP_PERCENT: u64 = 50;
+pub const GIVE_UP_PERCENT: u64 = 35;
 
 /// A trace that gives up runs at least this many characters: past the
-/// response cap of the study (80), so a policy imitating it is cut off.
-pub const GIVE_UP_LEN: usize = 100;
+/// response cap of the study (112), so a policy imitating it is cut off.
+pub const GIVE_UP_LEN: usize = 130;
 
 /// Countdown puzzles with traced solutions.
 #[derive(Debug, Clone)]
@@ -333,7 +333,7 @@ mod tests {
     }
 
     /// Issue 31 asks for right answers of 25-70 tokens (one character is
-    /// one token for the built-in tokenizer) at level 1; about half the
+    /// one token for the built-in tokenizer) at level 1; about a third of the
     /// traces give up past the cap instead.
     #[test]
     fn worked_traces_are_25_to_70_characters_at_level_1() {
@@ -350,7 +350,7 @@ mod tests {
                 gave_up += 1;
             }
         }
-        assert!((420..=580).contains(&gave_up), "{gave_up} of 1000 gave up");
+        assert!((280..=420).contains(&gave_up), "{gave_up} of 1000 gave up");
         lengths.sort_unstable();
         let n = lengths.len();
         let (lo, median, hi) = (lengths[n / 40], lengths[n / 2], lengths[n - n / 40]);
