@@ -76,57 +76,37 @@ pub struct LagStudy {
 /// One run to make: an arm, a warm start, a seed.
 type Job = (Arm, u64, u64);
 
+/// The verdicts of either design.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Verdicts {
+    Lag(analysis::Analysis),
+    Reuse(Box<reuse_analysis::ReuseAnalysis>),
+}
+
 pub fn run(study: &LagStudy) -> anyhow::Result<()> {
     // The commit the runs start from: HEAD may move while they run.
     let commit = git_commit();
     std::fs::create_dir_all(&study.out)?;
     let cfg = ConfigFile::load_or_builtin(study.config.as_deref())?;
-    let all = match study.design {
-        Design::Lag(k) => arms::standard(k),
-        Design::Reuse(e) => {
-            arms::check_updates(e).map_err(anyhow::Error::msg)?;
-            arms::reuse(e)
-        }
-    };
-    let arms = arms::select(all, &study.arms).map_err(anyhow::Error::msg)?;
-    anyhow::ensure!(study.probe_every > 0, "--probe-every must be at least 1");
-    anyhow::ensure!(!study.seeds.is_empty(), "--seeds: at least one seed");
-    anyhow::ensure!(study.warm_starts > 0, "--warm-starts must be at least 1");
-    anyhow::ensure!(
-        study.init.is_none() || study.warm_starts == 1,
-        "--init gives one warm start: --warm-starts {} cannot mean anything with it",
-        study.warm_starts
-    );
-    let inits = match &study.init {
-        Some(d) => vec![d.clone()],
-        None => (0..study.warm_starts)
-            .map(|w| warm_start(&cfg, study, w))
-            .collect::<anyhow::Result<_>>()?,
-    };
-    let setup = setup(&cfg, study, inits)?;
+    let arms = arms_of(study)?;
+    let setup = setup(&cfg, study, inits(&cfg, study)?)?;
     for arm in &arms {
         arm.learner(&setup.base, 0)
             .validate()
             .with_context(|| format!("arm {}", arm.id))?;
     }
-    let gates = gate0(&setup, study)?;
-    let warm_rows = match study.design {
-        Design::Lag(_) => Vec::new(),
-        Design::Reuse(_) => (0..study.warm_starts)
-            .map(|w| setup.warm_row(w))
-            .collect::<anyhow::Result<Vec<_>>>()?,
-    };
+    let (gates, warm_rows) = before_runs(&setup, study)?;
     let jobs: Vec<Job> = (0..study.warm_starts)
         .flat_map(|w| study.seeds.iter().map(move |&s| (w, s)))
         .flat_map(|(w, s)| arms.iter().map(move |a| (a.clone(), w, s)))
         .collect();
     let runs = run_all(&setup, &jobs, study.jobs.max(1))?;
-    let (analysis, reuse) = match study.design {
-        Design::Lag(_) => (Some(analysis::analyse(&arms, &runs)), None),
-        Design::Reuse(e) => (
-            None,
-            Some(reuse_analysis::analyse(e, &arms, &runs, &gates, &warm_rows)),
-        ),
+    let verdicts = match study.design {
+        Design::Lag(_) => Verdicts::Lag(analysis::analyse(&arms, &runs)),
+        Design::Reuse(e) => Verdicts::Reuse(Box::new(reuse_analysis::analyse(
+            e, &arms, &runs, &gates, &warm_rows,
+        ))),
     };
     let (lag, updates) = match study.design {
         Design::Lag(k) => (Some(k), None),
@@ -152,29 +132,67 @@ pub fn run(study: &LagStudy) -> anyhow::Result<()> {
         },
         "arms": arms,
         "gate0": gates,
-        "analysis": match (&analysis, &reuse) {
-            (Some(a), _) => serde_json::to_value(a)?,
-            (_, Some(r)) => serde_json::to_value(r)?,
-            _ => serde_json::Value::Null,
-        },
+        "analysis": verdicts,
         "runs": runs,
     });
     // Compact: every update of every run is in it.
     std::fs::write(study.out.join("study.json"), serde_json::to_string(&json)?)?;
-    if let Some(a) = &analysis {
-        report::write(&study.out, &arms, &runs, a)?;
-    }
-    if let Some(a) = &reuse {
-        reuse_report::write(&study.out, &arms, &runs, a)?;
+    match &verdicts {
+        Verdicts::Lag(a) => report::write(&study.out, &arms, &runs, a)?,
+        Verdicts::Reuse(a) => reuse_report::write(&study.out, &arms, &runs, a)?,
     }
     eprintln!("study: {}", study.out.join("results.md").display());
     Ok(())
 }
 
-/// Gate 0 on every warm start (reuse only; before any run, so a failed
-/// gate is known before hours of runs).
+/// The arms the study runs, its flags checked.
+fn arms_of(study: &LagStudy) -> anyhow::Result<Vec<Arm>> {
+    let all = match study.design {
+        Design::Lag(k) => arms::standard(k),
+        Design::Reuse(e) => {
+            arms::check_updates(e).map_err(anyhow::Error::msg)?;
+            arms::reuse(e)
+        }
+    };
+    anyhow::ensure!(study.probe_every > 0, "--probe-every must be at least 1");
+    anyhow::ensure!(!study.seeds.is_empty(), "--seeds: at least one seed");
+    anyhow::ensure!(study.warm_starts > 0, "--warm-starts must be at least 1");
+    anyhow::ensure!(
+        study.init.is_none() || study.warm_starts == 1,
+        "--init gives one warm start: --warm-starts {} cannot mean anything with it",
+        study.warm_starts
+    );
+    arms::select(all, &study.arms).map_err(anyhow::Error::msg)
+}
+
+/// The warm starts: `--init`, or trained (or found) under the output.
+fn inits(cfg: &ConfigFile, study: &LagStudy) -> anyhow::Result<Vec<PathBuf>> {
+    match &study.init {
+        Some(d) => Ok(vec![d.clone()]),
+        None => (0..study.warm_starts)
+            .map(|w| warm_start(cfg, study, w))
+            .collect(),
+    }
+}
+
+/// Reuse only: Gate 0 and the warm starts' own row, before any run.
+fn before_runs(
+    setup: &Setup,
+    study: &LagStudy,
+) -> anyhow::Result<(Vec<gate::Gate0>, Vec<episode::WarmRow>)> {
+    if let Design::Lag(_) = study.design {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let rows = (0..study.warm_starts)
+        .map(|w| setup.warm_row(w))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok((gate0(setup, study)?, rows))
+}
+
+/// Gate 0 on every warm start (before any run, so a failed gate is known
+/// before hours of runs).
 fn gate0(setup: &Setup, study: &LagStudy) -> anyhow::Result<Vec<gate::Gate0>> {
-    if !matches!(study.design, Design::Reuse(_)) || study.gate_groups == 0 {
+    if study.gate_groups == 0 {
         return Ok(Vec::new());
     }
     (0..study.warm_starts)
