@@ -58,9 +58,9 @@ pub struct StudyArgs {
     #[arg(long, default_value_t = 1, requires = "controlled")]
     pub warm_starts: u64,
     /// With `--reuse`: fresh groups per warm start that Gate 0 samples
-    /// (0 skips it).
-    #[arg(long, default_value_t = 128, requires = "reuse")]
-    pub gate_groups: usize,
+    /// (0 skips it; default 128).
+    #[arg(long, requires = "controlled", conflicts_with = "lag")]
+    pub gate_groups: Option<usize>,
     /// With `--lag`/`--reuse`: steps between probes of entropy and
     /// validation accuracy.
     #[arg(long, default_value_t = 25, requires = "controlled")]
@@ -99,7 +99,7 @@ pub async fn run(args: StudyArgs) -> anyhow::Result<()> {
             arms: args.arms,
             seeds: list(&args.seeds, "--seeds")?,
             warm_starts: args.warm_starts,
-            gate_groups: args.gate_groups,
+            gate_groups: args.gate_groups.unwrap_or(128),
             steps: args.steps,
             probe_every: args.probe_every,
             probe_prompts: args.probe_prompts,
