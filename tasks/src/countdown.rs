@@ -151,7 +151,7 @@ pub fn check(numbers: &[u64], target: u64, completion: &str) -> bool {
 
 /// A generated solution's expression tree.
 #[derive(Debug, Clone)]
-enum Tree {
+pub(crate) enum Tree {
     Leaf(u64),
     Node(Box<Tree>, Op, Box<Tree>),
 }
@@ -172,6 +172,13 @@ impl Tree {
                 r.leaves(out);
             }
         }
+    }
+
+    /// The expression as [`Tree::write`] writes it.
+    pub(crate) fn text(&self) -> String {
+        let mut out = String::new();
+        self.write(&mut out);
+        out
     }
 
     /// Writes the expression with only the parentheses it needs: around a

@@ -22,7 +22,7 @@
 
 use rand::{Rng, SeedableRng, rngs::SmallRng, seq::SliceRandom};
 
-use crate::countdown::{self, Countdown};
+use crate::countdown::{self, Countdown, Tree};
 use crate::expr::{Op, Ratio};
 use crate::{Problem, StableHasher, Task, TaskError};
 
@@ -144,82 +144,45 @@ pub fn answer(completion: &str) -> Option<&str> {
     completion.split_once(ANSWER_MARK).map(|(_, a)| a)
 }
 
-/// An expression tree being built: its text, precedence and value.
-#[derive(Debug, Clone)]
-struct Part {
-    text: String,
-    precedence: u8,
-    value: Ratio,
-}
-
 /// Every expression that uses each of `numbers` exactly once (all orders,
-/// operators and shapes; duplicates possible), with its exact value.
-/// Divisions by zero and overflows are left out.
+/// operators and shapes; duplicates possible), written as countdown
+/// writes its solutions, with its exact value. Divisions by zero and
+/// overflows are left out.
 pub(crate) fn expressions(numbers: &[u64]) -> Vec<(String, Ratio)> {
-    let parts: Vec<Part> = numbers
+    let parts: Vec<(Tree, Ratio)> = numbers
         .iter()
-        .map(|&n| Part {
-            text: n.to_string(),
-            precedence: 3,
-            value: Ratio::int(i128::from(n)),
-        })
+        .map(|&n| (Tree::Leaf(n), Ratio::int(i128::from(n))))
         .collect();
     let mut out = Vec::new();
     combine(parts, &mut out);
     out
 }
 
-fn combine(parts: Vec<Part>, out: &mut Vec<(String, Ratio)>) {
-    if parts.len() == 1 {
-        out.push((parts[0].text.clone(), parts[0].value));
+/// Every way of joining two of `parts` by an operator, recursively down to
+/// one tree.
+fn combine(parts: Vec<(Tree, Ratio)>, out: &mut Vec<(String, Ratio)>) {
+    if let [(tree, value)] = parts.as_slice() {
+        out.push((tree.text(), *value));
         return;
     }
-    for i in 0..parts.len() {
-        for j in 0..parts.len() {
-            if i == j {
-                continue;
-            }
+    for (i, (l, lv)) in parts.iter().enumerate() {
+        for (j, (r, rv)) in parts.iter().enumerate() {
             for op in [Op::Add, Op::Sub, Op::Mul, Op::Div] {
-                let Some(joined) = join(&parts[i], op, &parts[j]) else {
+                let Some(value) = (i != j).then(|| op.apply(*lv, *rv).ok()).flatten() else {
                     continue;
                 };
-                let mut rest: Vec<Part> = parts
+                let mut rest: Vec<(Tree, Ratio)> = parts
                     .iter()
                     .enumerate()
                     .filter(|&(k, _)| k != i && k != j)
                     .map(|(_, p)| p.clone())
                     .collect();
-                rest.push(joined);
+                let joined = Tree::Node(Box::new(l.clone()), op, Box::new(r.clone()));
+                rest.push((joined, value));
                 combine(rest, out);
             }
         }
     }
-}
-
-/// `l op r` with only the parentheses it needs (as countdown writes its
-/// solutions), or `None` when it cannot be evaluated.
-fn join(l: &Part, op: Op, r: &Part) -> Option<Part> {
-    let value = op.apply(l.value, r.value).ok()?;
-    let p = op.precedence();
-    let wrap = |part: &Part, parens: bool| {
-        if parens {
-            format!("({})", part.text)
-        } else {
-            part.text.clone()
-        }
-    };
-    let tight = matches!(op, Op::Sub | Op::Div);
-    let text = format!(
-        "{}{}{}",
-        wrap(l, l.precedence < p),
-        op.symbol(),
-        wrap(r, r.precedence < p || (tight && r.precedence == p))
-    );
-    Some(Part {
-        text,
-        precedence: p,
-        value,
-    })
 }
 
 impl Task for CountdownTrace {
