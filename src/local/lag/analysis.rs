@@ -264,37 +264,12 @@ fn hypotheses<'a>(get: &dyn Fn(&str) -> Option<&'a ArmSummary>) -> Vec<Verdict> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::lag::{
-        arms::standard,
-        episode::{Probe, StepRow},
-    };
+    use crate::local::lag::{arms::standard, episode::synthetic_run};
 
-    /// A run whose entropy goes from 1.0 to `end`, with test accuracy
-    /// `acc`, and BAPO search steps on every other step.
+    /// A run whose entropy goes from 1.0 to `end`, with test (and
+    /// validation) accuracy `acc`.
     fn run(arm: &str, seed: u64, end: f64, acc: f64) -> ArmRun {
-        let probe = |step, entropy| Probe {
-            step,
-            entropy,
-            val_accuracy: acc,
-        };
-        ArmRun {
-            arm: arm.into(),
-            warm: 0,
-            seed,
-            probes: vec![probe(0, 1.0), probe(10, end)],
-            steps: (0..10)
-                .map(|t| StepRow {
-                    step: t,
-                    grad_norm: 1.0,
-                    search_steps: Some((t % 2) as f64),
-                    target_met: Some(1.0),
-                    ..Default::default()
-                })
-                .collect(),
-            test_accuracy: acc,
-            test_pass_at_k: None,
-            seconds: 0.0,
-        }
+        synthetic_run(arm, (0, seed), end, (acc, acc), acc)
     }
 
     #[test]

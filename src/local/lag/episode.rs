@@ -266,6 +266,42 @@ impl Setup {
     }
 }
 
+/// A made-up run for the analyses' tests: entropy from 1.0 to `end`,
+/// validation accuracy `val.0` then `val.1`, test accuracy `acc`, and
+/// BAPO search steps on every other step.
+#[cfg(test)]
+pub(super) fn synthetic_run(
+    arm: &str,
+    (warm, seed): (u64, u64),
+    end: f64,
+    val: (f64, f64),
+    acc: f64,
+) -> ArmRun {
+    let probe = |step, entropy, val_accuracy| Probe {
+        step,
+        entropy,
+        val_accuracy,
+    };
+    ArmRun {
+        arm: arm.into(),
+        warm,
+        seed,
+        probes: vec![probe(0, 1.0, val.0), probe(10, end, val.1)],
+        steps: (0..10)
+            .map(|t| StepRow {
+                step: t,
+                grad_norm: 1.0,
+                search_steps: Some((t % 2) as f64),
+                target_met: Some(1.0),
+                ..Default::default()
+            })
+            .collect(),
+        test_accuracy: acc,
+        test_pass_at_k: None,
+        seconds: 0.0,
+    }
+}
+
 fn step_row(t: u64, update: usize, r: &StepReport) -> StepRow {
     let m = |k: Metric| r.metrics.get(k.key()).copied();
     StepRow {

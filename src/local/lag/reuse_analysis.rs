@@ -263,37 +263,12 @@ fn dose_response(arms: &[Arm], runs: &[ArmRun], updates: u64) -> DoseResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::lag::{
-        arms::reuse,
-        episode::{Probe, StepRow},
-    };
+    use crate::local::lag::{arms::reuse, episode::synthetic_run};
 
     /// A run whose entropy goes from 1.0 to `end`, validation accuracy
     /// from 0.3 to `val`, test accuracy `acc`.
     fn run(arm: &str, warm: u64, seed: u64, end: f64, val: f64, acc: f64) -> ArmRun {
-        let probe = |step, entropy, val_accuracy| Probe {
-            step,
-            entropy,
-            val_accuracy,
-        };
-        ArmRun {
-            arm: arm.into(),
-            warm,
-            seed,
-            probes: vec![probe(0, 1.0, 0.3), probe(10, end, val)],
-            steps: (0..10)
-                .map(|t| StepRow {
-                    step: t,
-                    grad_norm: 1.0,
-                    search_steps: Some((t % 2) as f64),
-                    target_met: Some(1.0),
-                    ..Default::default()
-                })
-                .collect(),
-            test_accuracy: acc,
-            test_pass_at_k: None,
-            seconds: 0.0,
-        }
+        synthetic_run(arm, (warm, seed), end, (0.3, val), acc)
     }
 
     #[test]
