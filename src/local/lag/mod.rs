@@ -254,18 +254,40 @@ fn warm_start(cfg: &ConfigFile, study: &LagStudy, w: u64) -> anyhow::Result<Path
     } else {
         study.out.join(format!("warm-start-{w}"))
     };
-    if dir.join("config.json").exists() {
-        eprintln!("study: reusing the warm start in {}", dir.display());
-        return Ok(dir);
-    }
     let mut cfg = cfg.clone();
     cfg.model.seed += w;
-    let s = sft::warm_start(&cfg, &dir, 0, false)?;
-    eprintln!(
-        "study: warm start {w}, {} SFT steps in {:.0} s",
-        s.steps, s.seconds
-    );
+    let built = built_once(&dir, |tmp| {
+        let s = sft::warm_start(&cfg, tmp, 0, false)?;
+        eprintln!(
+            "study: warm start {w}, {} SFT steps in {:.0} s",
+            s.steps, s.seconds
+        );
+        Ok(())
+    })?;
+    if !built {
+        eprintln!("study: reusing the warm start in {}", dir.display());
+    }
     Ok(dir)
+}
+
+/// Builds `dir` once: in `<dir>.partial`, renamed into place only when
+/// `build` finished, so a study killed mid-build leaves no directory that
+/// looks complete and the rerun builds it again. `false`: `dir` was there.
+fn built_once(
+    dir: &std::path::Path,
+    build: impl FnOnce(&std::path::Path) -> anyhow::Result<()>,
+) -> anyhow::Result<bool> {
+    if dir.exists() {
+        return Ok(false);
+    }
+    let tmp = dir.with_extension("partial");
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)
+            .with_context(|| format!("clearing an unfinished {}", tmp.display()))?;
+    }
+    build(&tmp)?;
+    std::fs::rename(&tmp, dir).with_context(|| format!("moving {} into place", tmp.display()))?;
+    Ok(true)
 }
 
 fn setup(cfg: &ConfigFile, study: &LagStudy, inits: Vec<PathBuf>) -> anyhow::Result<Setup> {
@@ -360,4 +382,36 @@ fn run_all(setup: &Setup, jobs: &[Job], threads: usize) -> anyhow::Result<Vec<Ar
                 .with_context(|| format!("arm {} warm start {warm} seed {seed}", arm.id))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A build that stops midway (as a kill would) leaves no directory
+    /// that looks built; the next call builds it, and later calls reuse it.
+    #[test]
+    fn an_unfinished_build_is_redone_and_a_finished_one_reused() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("warm-start");
+        let stopped = built_once(&dir, |tmp| {
+            std::fs::create_dir_all(tmp)?;
+            std::fs::write(tmp.join("config.json"), "{}")?;
+            anyhow::bail!("killed before the weights were written")
+        });
+        assert!(stopped.is_err());
+        assert!(!dir.exists(), "half a warm start must not look finished");
+        let write = |tmp: &std::path::Path| -> anyhow::Result<()> {
+            std::fs::create_dir_all(tmp)?;
+            std::fs::write(tmp.join("model.safetensors"), "w")?;
+            Ok(())
+        };
+        assert!(built_once(&dir, write).unwrap(), "built the second time");
+        assert!(dir.join("model.safetensors").exists());
+        assert!(
+            !dir.join("config.json").exists(),
+            "nothing left of the unfinished one"
+        );
+        assert!(!built_once(&dir, |_| anyhow::bail!("must not rebuild")).unwrap());
+    }
 }
