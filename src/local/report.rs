@@ -83,7 +83,10 @@ pub fn line_chart(title: &str, x_label: &str, series: &[Series]) -> anyhow::Resu
         }
         root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    // A viewBox lets the page scale the chart to its grid cell.
+    // A viewBox lets the page scale the chart to its grid cell. plotters
+    // writes one of its own after the size: a second one makes the file
+    // invalid XML, which a browser refuses to show as an image.
+    let svg = svg.replacen(" viewBox=\"0 0 640 320\"", "", 1);
     Ok(svg.replacen("<svg ", "<svg viewBox=\"0 0 640 320\" ", 1))
 }
 
@@ -445,6 +448,8 @@ mod tests {
             "{}",
             &svg[..200]
         );
+        let tag = &svg[..svg.find('>').unwrap()];
+        assert_eq!(tag.matches("viewBox").count(), 1, "one viewBox: {tag}");
         assert_eq!(
             smooth(&[(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)], 2),
             vec![(0.0, 1.0), (1.0, 2.0), (2.0, 4.0)]
