@@ -37,6 +37,12 @@ pub struct Arm {
     pub search_scope: SearchScope,
     /// Fixed clip window `[1 - low, 1 + high]` for PPO arms.
     pub eps: Option<(f64, f64)>,
+    /// The equal-update control: each of the `updates` mini-batches is
+    /// generated afresh by the current policy just before its one update,
+    /// so the arm makes as many updates of the same size as a reuse arm
+    /// with none of its data stale. Without it, "entropy falls faster
+    /// with E" cannot tell reuse from "more updates".
+    pub fresh: bool,
 }
 
 /// The seven arms: (a) the on-policy reference, (b)-(e) fixed windows at
@@ -65,7 +71,9 @@ pub fn standard(k: u64) -> Vec<Arm> {
 /// one-update reference, (b)-(e) fixed windows, (f)-(h) BAPO as the paper
 /// states it, as its official script runs it (ρ0 0.5, bounds searched per
 /// micro-batch) and in code mode; and the dose-response arms `p2`, `p4`,
-/// `p8` (PPO [0.8, 1.2] at 2, 4 and 8 updates) of Gate 2.
+/// `p8` (PPO [0.8, 1.2] at 2, 4 and 8 updates) of Gate 2, with their
+/// equal-update controls `u2`, `u4`, `u8` (the same updates on fresh
+/// mini-batches).
 pub fn reuse(e: u64) -> Vec<Arm> {
     let fixed = |id, label, low, high| Arm::ppo(id, label, e, low, high);
     let mut official = Arm::bapo(
@@ -88,6 +96,9 @@ pub fn reuse(e: u64) -> Vec<Arm> {
         Arm::ppo("p2", "E 2, PPO [0.8, 1.2]", 2, 0.2, 0.2),
         Arm::ppo("p4", "E 4, PPO [0.8, 1.2]", 4, 0.2, 0.2),
         Arm::ppo("p8", "E 8, PPO [0.8, 1.2]", 8, 0.2, 0.2),
+        Arm::fresh("u2", "E 2 on fresh mini-batches, PPO [0.8, 1.2]", 2),
+        Arm::fresh("u4", "E 4 on fresh mini-batches, PPO [0.8, 1.2]", 4),
+        Arm::fresh("u8", "E 8 on fresh mini-batches, PPO [0.8, 1.2]", 8),
     ]
 }
 
@@ -133,6 +144,16 @@ impl Arm {
             rho0: None,
             search_scope: SearchScope::Step,
             eps: Some((low, high)),
+            fresh: false,
+        }
+    }
+
+    /// PPO [0.8, 1.2] making `updates` updates per batch, each on a
+    /// mini-batch generated just before it (the equal-update control).
+    fn fresh(id: &'static str, label: &'static str, updates: u64) -> Self {
+        Self {
+            fresh: true,
+            ..Self::ppo(id, label, updates, 0.2, 0.2)
         }
     }
 
@@ -154,7 +175,11 @@ impl Arm {
 
     /// The learner settings of this arm over the shared `base`.
     pub fn learner(&self, base: &LearnerConfig, seed: u64) -> LearnerConfig {
-        let (epochs, mini_batches) = self.epochs_and_mini_batches();
+        let (epochs, mini_batches) = if self.fresh {
+            (1, 1)
+        } else {
+            self.epochs_and_mini_batches()
+        };
         let micro = self.search_scope == SearchScope::MicroBatch;
         LearnerConfig {
             algo: self.algo.to_string(),
@@ -209,9 +234,11 @@ mod tests {
             cfg.validate()
                 .unwrap_or_else(|e| panic!("arm {}: {e}", arm.id));
             assert!(cfg.build_loss().is_ok(), "arm {}", arm.id);
+            // A fresh arm makes its E updates one generated batch at a time.
+            let per_batch = if arm.fresh { 1 } else { arm.updates };
             assert_eq!(
                 u64::from(cfg.epochs * cfg.mini_batches),
-                arm.updates,
+                per_batch,
                 "arm {}",
                 arm.id
             );
@@ -226,6 +253,10 @@ mod tests {
         assert_eq!(g.search_scope, SearchScope::MicroBatch);
         assert_eq!(g.micro_batch_seqs, MICRO_BATCH_SEQS);
         assert_eq!(by("e").eps, Some((0.2, 0.28)));
+        let u8 = by("u8");
+        assert!(u8.fresh && !by("p8").fresh);
+        assert_eq!((u8.updates, u8.eps), (8, Some((0.2, 0.2))));
+        assert_eq!(u8.epochs_and_mini_batches(), (2, 4), "matched to p8's");
         for ok in [1, 2, 3, 4, 8, 16] {
             assert!(check_updates(ok).is_ok(), "{ok}");
         }

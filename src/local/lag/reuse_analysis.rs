@@ -47,6 +47,10 @@ pub struct DoseResponse {
     /// Arm a's validation accuracy, end minus start, paired over runs.
     pub on_policy_gain: Option<Paired>,
     pub passed: Option<bool>,
+    /// Entropy change of the reuse arm minus its equal-update control
+    /// (`pE` − `uE`) at every E where both ran: what reuse costs beyond
+    /// making the same updates on fresh data. Not part of the gate.
+    pub reuse_vs_fresh: Vec<(u64, Option<Paired>)>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -211,7 +215,7 @@ fn non_inferiority(runs: &[ArmRun]) -> NonInferiority {
 fn dose_response(arms: &[Arm], runs: &[ArmRun], updates: u64) -> DoseResponse {
     let ppo_ids: Vec<(&str, u64)> = arms
         .iter()
-        .filter(|a| a.algo == "ppo" && a.eps == Some((0.2, 0.2)))
+        .filter(|a| a.algo == "ppo" && a.eps == Some((0.2, 0.2)) && !a.fresh)
         .map(|a| (a.id, a.updates))
         .collect();
     let mut by_updates: Vec<(u64, f64)> = Vec::new();
@@ -257,7 +261,35 @@ fn dose_response(arms: &[Arm], runs: &[ArmRun], updates: u64) -> DoseResponse {
         slope,
         on_policy_gain: gain,
         passed,
+        reuse_vs_fresh: reuse_vs_fresh(arms, runs),
     }
+}
+
+/// `pE` − `uE` final entropy change, paired by (warm start, seed), for
+/// every fresh arm whose reuse twin (PPO [0.8, 1.2] at the same E) ran.
+fn reuse_vs_fresh(arms: &[Arm], runs: &[ArmRun]) -> Vec<(u64, Option<Paired>)> {
+    // `b` and `p8` are the same arm at E 8: whichever ran.
+    let twin = |e: u64| {
+        arms.iter().find(|a| {
+            !a.fresh
+                && a.algo == "ppo"
+                && a.eps == Some((0.2, 0.2))
+                && a.updates == e
+                && runs.iter().any(|r| r.arm == a.id)
+        })
+    };
+    arms.iter()
+        .filter(|a| a.fresh)
+        .filter_map(|u| {
+            let p = twin(u.updates)?;
+            let fresh: std::collections::BTreeMap<_, _> = keyed(runs, u.id).into_iter().collect();
+            let (reused, controls): (Vec<f64>, Vec<f64>) = keyed(runs, p.id)
+                .into_iter()
+                .filter_map(|(k, r)| Some((entropy_change(r), entropy_change(fresh.get(&k)?))))
+                .unzip();
+            (!reused.is_empty()).then(|| (u.updates, paired(&reused, &controls)))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -284,9 +316,16 @@ mod tests {
                 runs.push(run("p4", w, s, 0.75 - j, 0.4, 0.5));
                 runs.push(run("b", w, s, 0.6 + j, 0.4, 0.5 + j));
                 runs.push(run("f", w, s, 0.9 - j, 0.4, 0.5 + j * 0.5));
+                runs.push(run("u8", w, s, 0.8 + j * 3.0, 0.4, 0.5));
             }
         }
         let a = analyse(8, &reuse(8), &runs, &[], &[]);
+        // b − u8 = (0.6 + j) − (0.8 + 3j) = −0.2 − 2j, over j = 0..0.024.
+        let [(e, Some(vs))] = a.gate2.reuse_vs_fresh.as_slice() else {
+            panic!("{:?}", a.gate2.reuse_vs_fresh)
+        };
+        assert_eq!((*e, vs.n), (8, 9));
+        assert!((vs.diff - (-0.2 - 2.0 * 0.012)).abs() < 1e-9, "{vs:?}");
         assert_eq!(a.primary_holds, Some(true), "{:?}", a.primary);
         assert_eq!(a.gate2.passed, Some(true), "{:?}", a.gate2);
         assert_eq!(

@@ -172,5 +172,17 @@ fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
             g.diff, g.n, g.p
         )),
     )?;
+    for (e, p) in &d.reuse_vs_fresh {
+        writeln!(
+            md,
+            "- Reuse beyond its updates (entropy change, PPO at E {e} minus the same {e} \
+             updates on fresh mini-batches): {}",
+            p.as_ref()
+                .map_or("- (fewer than 2 pairs)".into(), |p| format!(
+                    "{:+.4} (n {}, p = {:.4})",
+                    p.diff, p.n, p.p
+                ))
+        )?;
+    }
     Ok(())
 }
