@@ -243,6 +243,20 @@ fn command_line(study: &LagStudy) -> String {
     if !study.arms.is_empty() {
         c += &format!(" --arms {}", study.arms);
     }
+    // Every flag that changes a number, at its value (defaults included).
+    if let Some(steps) = study.steps {
+        c += &format!(" --steps {steps}");
+    }
+    c += &format!(
+        " --probe-every {} --probe-prompts {} --probe-samples {}",
+        study.probe_every, study.probe_prompts, study.probe_samples
+    );
+    if matches!(study.design, Design::Reuse(_)) {
+        c += &format!(" --gate-groups {}", study.gate_groups);
+    }
+    if let Some(init) = &study.init {
+        c += &format!(" --init {}", init.display());
+    }
     c
 }
 
@@ -387,6 +401,33 @@ fn run_all(setup: &Setup, jobs: &[Job], threads: usize) -> anyhow::Result<Vec<Ar
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The recorded command names every flag that changes a number, so a
+    /// probe's artefacts say how to make them again.
+    #[test]
+    fn the_recorded_command_holds_every_flag_that_changes_a_number() {
+        let study = LagStudy {
+            config: Some("c.toml".into()),
+            design: Design::Reuse(8),
+            arms: "a,u8".into(),
+            seeds: vec![0, 1],
+            warm_starts: 1,
+            gate_groups: 64,
+            steps: Some(60),
+            probe_every: 20,
+            probe_prompts: 64,
+            probe_samples: 8,
+            jobs: 2,
+            out: "/tmp/o".into(),
+            init: Some("/tmp/w".into()),
+        };
+        assert_eq!(
+            command_line(&study),
+            "bapo study --reuse 8 --config c.toml --seeds 0,1 --out /tmp/o --arms a,u8 \
+             --steps 60 --probe-every 20 --probe-prompts 64 --probe-samples 8 \
+             --gate-groups 64 --init /tmp/w"
+        );
+    }
 
     /// A build that stops midway (as a kill would) leaves no directory
     /// that looks built; the next call builds it, and later calls reuse it.
