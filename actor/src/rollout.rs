@@ -187,6 +187,7 @@ pub fn pack(
                 metadata: metadata(problem, p.source, &scored),
                 learner_incarnation: origin.incarnation,
                 sampling: Some(sampling),
+                ..Default::default()
             }
         })
         .collect()

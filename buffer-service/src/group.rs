@@ -116,6 +116,8 @@ mod tests {
             versions: VersionRuns::from_tokens(versions),
             reward: 0.0,
             token_rewards: Default::default(),
+            loss_mask: Default::default(),
+            turn_ids: Default::default(),
             finish_reason: FinishReason::Stop,
             actor_id: String::new(),
             task: String::new(),

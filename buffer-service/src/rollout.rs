@@ -135,6 +135,11 @@ pub struct Rollout {
     pub reward: f32,
     /// f32 LE, empty or one per response token.
     pub token_rewards: Bytes,
+    /// One byte per response token, 1 the policy's and 0 an environment's
+    /// (multi-turn); empty: every token is the policy's.
+    pub loss_mask: Bytes,
+    /// u32 LE, the turn of each response token; empty: one turn.
+    pub turn_ids: Bytes,
     pub finish_reason: FinishReason,
     pub actor_id: String,
     pub task: String,
@@ -167,6 +172,8 @@ impl Rollout {
             + self.behavior_logprobs.len()
             + self.versions.heap_bytes()
             + self.token_rewards.len()
+            + self.loss_mask.len()
+            + self.turn_ids.len()
             + self.actor_id.capacity()
             + self.task.capacity()
             + meta

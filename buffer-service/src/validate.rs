@@ -258,6 +258,9 @@ pub fn check(r: &Rollout, encoded_len: usize, limits: Limits) -> Result<(), Reje
             format!("token_rewards[{i}] = {x} is not finite"),
         );
     }
+    if let Some(reason) = turns_defect(r, n) {
+        return reject(InvalidArgument, "bad_turns", reason);
+    }
     if let Some(lineage) = limits.lineage {
         check_history(r, lineage, limits.learner_version)?;
     }
@@ -274,6 +277,38 @@ pub fn check(r: &Rollout, encoded_len: usize, limits: Limits) -> Result<(), Reje
         );
     }
     Ok(())
+}
+
+/// What is wrong with a rollout's multi-turn arrays, named: a loss mask of
+/// another length, with a byte other than 0 or 1, or with no policy token
+/// to train on; turn ids of another length or falling.
+fn turns_defect(r: &Rollout, n: usize) -> Option<String> {
+    let m = r.loss_mask.len();
+    if m != 0 && m != n {
+        return Some(format!(
+            "length mismatch: loss_mask has {m}, response_tokens {n}"
+        ));
+    }
+    if let Some(i) = r.loss_mask.iter().position(|&b| b > 1) {
+        return Some(format!("loss_mask[{i}] = {} is not 0 or 1", r.loss_mask[i]));
+    }
+    if m != 0 && !r.loss_mask.contains(&1) {
+        return Some("loss_mask marks no token as the policy's (all 0)".into());
+    }
+    let t = r.turn_ids.len() / 4;
+    if t != 0 && t != n {
+        return Some(format!(
+            "length mismatch: turn_ids has {t}, response_tokens {n}"
+        ));
+    }
+    let mut prev = 0;
+    for (i, id) in packed::u32s(&r.turn_ids).enumerate() {
+        if id < prev {
+            return Some(format!("turn_ids[{i}] = {id} falls below {prev}"));
+        }
+        prev = id;
+    }
+    None
 }
 
 /// Refuses a rollout whose tokens are not in the learner's history (weights
@@ -319,6 +354,8 @@ mod tests {
             versions: VersionRuns::from_tokens(&[2, 3]),
             reward: 1.0,
             token_rewards: Default::default(),
+            loss_mask: Default::default(),
+            turn_ids: Default::default(),
             finish_reason: FinishReason::Stop,
             actor_id: "a".into(),
             task: "arith".into(),
@@ -337,6 +374,26 @@ mod tests {
 
     fn label(r: &Rollout, len: usize) -> &'static str {
         check(r, len, LIMITS).unwrap_err().label
+    }
+
+    #[test]
+    fn multi_turn_arrays_are_checked_by_name() {
+        let mut r = rollout();
+        r.loss_mask = vec![1u8, 0].into();
+        r.turn_ids = pack_u32(&[0, 0]);
+        assert!(check(&r, 100, LIMITS).is_ok());
+        let bad = |f: &dyn Fn(&mut Rollout)| {
+            let mut r = rollout();
+            f(&mut r);
+            let e = check(&r, 100, LIMITS).unwrap_err();
+            assert_eq!(e.label, "bad_turns", "{}", e.reason);
+            e.reason
+        };
+        assert!(bad(&|r| r.loss_mask = vec![1u8].into()).contains("loss_mask has 1"));
+        assert!(bad(&|r| r.loss_mask = vec![1u8, 2].into()).contains("loss_mask[1] = 2"));
+        assert!(bad(&|r| r.loss_mask = vec![0u8, 0].into()).contains("no token"));
+        assert!(bad(&|r| r.turn_ids = pack_u32(&[0])).contains("turn_ids has 1"));
+        assert!(bad(&|r| r.turn_ids = pack_u32(&[1, 0])).contains("turn_ids[1] = 0 falls"));
     }
 
     #[test]

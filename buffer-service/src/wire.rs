@@ -46,6 +46,7 @@ pub fn rollout_from_wire(r: v1::Rollout) -> Result<Rollout, Rejection> {
         ("behavior_logprobs", &r.behavior_logprobs),
         ("token_versions", &r.token_versions),
         ("token_rewards", &r.token_rewards),
+        ("turn_ids", &r.turn_ids),
     ];
     for (name, b) in fields {
         if let Err(e) = packed::count(b) {
@@ -64,7 +65,9 @@ pub fn rollout_from_wire(r: v1::Rollout) -> Result<Rollout, Rejection> {
     let total = r.prompt_tokens.len()
         + r.response_tokens.len()
         + r.behavior_logprobs.len()
-        + r.token_rewards.len();
+        + r.token_rewards.len()
+        + r.loss_mask.len()
+        + r.turn_ids.len();
     let mut buf = BytesMut::with_capacity(total);
     let mut take = |b: &Bytes| {
         buf.put_slice(b);
@@ -75,6 +78,8 @@ pub fn rollout_from_wire(r: v1::Rollout) -> Result<Rollout, Rejection> {
         response_tokens: take(&r.response_tokens),
         behavior_logprobs: take(&r.behavior_logprobs),
         token_rewards: take(&r.token_rewards),
+        loss_mask: take(&r.loss_mask),
+        turn_ids: take(&r.turn_ids),
         versions: VersionRuns::from_packed(&r.token_versions),
         id: r.rollout_id,
         group_id: r.group_id,
@@ -103,6 +108,8 @@ pub fn rollout_to_wire(r: &Rollout) -> v1::Rollout {
         token_versions: r.versions.to_packed(),
         reward: r.reward,
         token_rewards: r.token_rewards.clone(),
+        loss_mask: r.loss_mask.clone(),
+        turn_ids: r.turn_ids.clone(),
         finish_reason: v1::FinishReason::from(r.finish_reason) as i32,
         actor_id: r.actor_id.clone(),
         task: r.task.clone(),
@@ -132,6 +139,8 @@ mod tests {
             token_versions: pack_u32(&[1, 1, 2]),
             reward: 0.5,
             token_rewards: pack_f32(&[0.0, 0.0, 0.5]),
+            loss_mask: vec![1u8, 0, 1].into(),
+            turn_ids: pack_u32(&[0, 0, 1]),
             finish_reason: v1::FinishReason::Length as i32,
             actor_id: "a".into(),
             task: "t".into(),

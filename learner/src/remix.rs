@@ -169,6 +169,7 @@ mod tests {
                 behavior_logprobs: vec![-0.1],
                 versions: vec![0],
                 reward: 1.0,
+                ..Default::default()
             }],
             sequence_number: 0,
         }

@@ -5,8 +5,10 @@
 use bapo_proto::{packed, v1};
 use serde::{Deserialize, Serialize};
 
-/// One response with its prompt, as trained on.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One response with its prompt, as trained on. A multi-turn episode's
+/// response holds the policy's turns and the environment's observations
+/// between them, told apart by `mask`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Sequence {
     pub prompt: Vec<u32>,
     pub response: Vec<u32>,
@@ -15,6 +17,21 @@ pub struct Sequence {
     /// Policy version that produced each response token.
     pub versions: Vec<u32>,
     pub reward: f32,
+    /// Whether each response token is the policy's (trained on) or an
+    /// environment's (context only: no loss, no statistics); empty: every
+    /// token is the policy's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mask: Vec<bool>,
+    /// The turn of each response token; empty: one turn.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turns: Vec<u32>,
+}
+
+impl Sequence {
+    /// Whether response token `j` is the policy's.
+    pub fn is_policy_token(&self, j: usize) -> bool {
+        self.mask.get(j).copied().unwrap_or(true)
+    }
 }
 
 /// The responses to one prompt.
@@ -67,12 +84,15 @@ impl TrainGroup {
                 if !r.reward.is_finite() {
                     return Err(err(format!("reward {} is not finite", r.reward)));
                 }
+                let (mask, turns) = turns_of(r, response.len()).map_err(err)?;
                 Ok(Sequence {
                     prompt,
                     response,
                     behavior_logprobs,
                     versions,
                     reward: r.reward,
+                    mask,
+                    turns,
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -83,13 +103,30 @@ impl TrainGroup {
         })
     }
 
-    /// `learner_version − oldest token version` per sequence.
+    /// `learner_version − oldest policy token's version` per sequence
+    /// (observation tokens carry their turn's version anyway).
     pub fn staleness(&self, learner_version: u64) -> impl Iterator<Item = u64> + '_ {
         self.sequences.iter().map(move |s| {
             let oldest = s.versions.iter().copied().min().unwrap_or(0) as u64;
             learner_version.saturating_sub(oldest)
         })
     }
+}
+
+/// The loss mask and turn ids of a rollout of `n` response tokens: each
+/// empty or one per token, the mask of 0s and 1s with at least one 1.
+fn turns_of(r: &v1::Rollout, n: usize) -> Result<(Vec<bool>, Vec<u32>), String> {
+    let m = &r.loss_mask;
+    if !m.is_empty() && (m.len() != n || m.iter().any(|&b| b > 1) || !m.contains(&1)) {
+        return Err(format!(
+            "loss_mask must be empty or {n} bytes of 0 or 1 with at least one 1"
+        ));
+    }
+    let turns = packed::unpack_u32(&r.turn_ids).map_err(|e| format!("turn_ids: {e}"))?;
+    if !turns.is_empty() && turns.len() != n {
+        return Err(format!("{n} response tokens but {} turn ids", turns.len()));
+    }
+    Ok((m.iter().map(|&b| b == 1).collect(), turns))
 }
 
 #[cfg(test)]
@@ -120,6 +157,29 @@ mod tests {
         let t = TrainGroup::from_wire(&g).unwrap();
         assert_eq!(t.sequences[0].response, vec![5, 6]);
         assert_eq!(t.staleness(7).collect::<Vec<_>>(), vec![4]);
+    }
+
+    #[test]
+    fn an_episode_keeps_its_mask_and_turns() {
+        let mut r = rollout("e", &[5, 6, 7], &[-0.1, 0.0, -0.2]);
+        r.loss_mask = vec![1u8, 0, 1].into();
+        r.turn_ids = packed::pack_u32(&[0, 0, 1]);
+        let g = v1::Group {
+            group_id: "g".into(),
+            rollouts: vec![r.clone()],
+            ..Default::default()
+        };
+        let s = &TrainGroup::from_wire(&g).unwrap().sequences[0];
+        assert_eq!(s.mask, [true, false, true]);
+        assert_eq!(s.turns, [0, 0, 1]);
+        assert!(!s.is_policy_token(1) && s.is_policy_token(2));
+        r.loss_mask = vec![1u8, 0].into();
+        let g = v1::Group {
+            rollouts: vec![r],
+            ..g
+        };
+        let e = TrainGroup::from_wire(&g).unwrap_err().to_string();
+        assert!(e.contains("loss_mask"), "{e}");
     }
 
     #[test]

@@ -146,6 +146,9 @@ pub struct Stored {
     pub response: Vec<u32>,
     /// `lp_old` of its step: the replay ratio's anchor.
     pub logp_old: Vec<f32>,
+    /// Which response tokens are the policy's (see `Sequence::mask`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mask: Vec<bool>,
 }
 
 /// A trajectory to replay, with the advantage it is replayed with.
@@ -302,6 +305,7 @@ mod tests {
             prompt: vec![1],
             response: vec![2],
             logp_old: vec![-0.5],
+            mask: Vec::new(),
         }
     }
 

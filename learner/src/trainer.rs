@@ -514,6 +514,14 @@ impl Trainer {
             host.set_from_prepass(self.logprobs_no_grad(rows, skel.advantages.len()))?;
         }
         let kl_terms = if kl { self.kl_terms() } else { Vec::new() };
+        // Entropy and KL are means over the policy's tokens: an
+        // environment's observations weigh nothing.
+        let inv_tokens = 1.0 / skel.masked_count().max(1) as f32;
+        let token_weight: Vec<f32> = skel
+            .mask
+            .iter()
+            .map(|&m| if m { inv_tokens } else { 0.0 })
+            .collect();
         let mut sums = Sums {
             entropy: 0.0,
             kl: vec![0.0; kl_terms.len()],
@@ -526,9 +534,14 @@ impl Trainer {
             let (lp, entropy) =
                 next_token_logprobs_and_entropy(logits, tokens, self.cfg.temperature);
             let grad = host.gradient(rows, &lp)?;
-            let inv_tokens = 1.0 / skel.advantages.len() as f32;
-            let objective =
-                self.objective(rows, (lp, entropy), grad, inv_tokens, &kl_terms, &mut sums);
+            let objective = self.objective(
+                rows,
+                (lp, entropy),
+                grad,
+                &token_weight,
+                &kl_terms,
+                &mut sums,
+            );
             let grads = GradientsParams::from_grads(objective.backward(), &self.model);
             accum.accumulate(&self.model, grads);
         }
@@ -551,14 +564,15 @@ impl Trainer {
     }
 
     /// One micro-batch's objective: the surrogate `Σ sg(∂L/∂lp)·lp`, minus
-    /// the entropy bonus, plus the KL penalties (each `Σ k3 / tokens`);
-    /// the entropy and KL sums are added to `sums`.
+    /// the entropy bonus, plus the KL penalties (each `Σ k3 / tokens`,
+    /// `token_weight` 1/tokens on the policy's tokens, 0 elsewhere); the
+    /// entropy and KL sums are added to `sums`.
     fn objective(
         &self,
         rows: &[Row],
         (lp, entropy): (Tensor<2>, Tensor<2>),
         grad: &[f64],
-        inv_tokens: f32,
+        token_weight: &[f32],
         kl_terms: &[(&Transformer, f64, &'static str)],
         sums: &mut Sums,
     ) -> Tensor<1> {
@@ -568,7 +582,7 @@ impl Trainer {
             Tensor::<2>::from_data(TensorData::new(g, [b, t]), &self.device)
         };
         let coef = grid(&|row, j| grad[row.offset + j] as f32);
-        let mask = grid(&|_, _| inv_tokens);
+        let mask = grid(&|row, j| token_weight[row.offset + j]);
         let weighted_entropy = entropy.mul(mask.clone()).sum();
         sums.entropy += weighted_entropy.clone().into_scalar::<f32>() as f64;
         let mut objective = lp.clone().mul(coef).sum();
@@ -645,9 +659,9 @@ impl Trainer {
                     offset: skel.advantages.len(),
                 });
                 lens.push(s.response.len() as f64);
-                for &lp in &s.behavior_logprobs {
+                for (j, &lp) in s.behavior_logprobs.iter().enumerate() {
                     skel.advantages.push(adv);
-                    skel.mask.push(true);
+                    skel.mask.push(s.is_policy_token(j));
                     skel.seq_ids.push(seq);
                     behav.push((lp as f64).min(0.0));
                 }
@@ -822,12 +836,14 @@ fn response_grid(rows: &[Row], [b, t]: [usize; 2], f: impl Fn(&Row, usize) -> f3
     g
 }
 
-/// `Σ_t (lp_θ − lp_behav)` per sequence: how far each has drifted.
+/// `Σ_t (lp_θ − lp_behav)` over each sequence's policy tokens: how far
+/// each has drifted.
 fn seq_log_weights(rows: &[Row], batch: &TokenBatch) -> Vec<f64> {
     let behav = batch.logp_behav.as_ref().unwrap_or(&batch.logp_old);
     rows.iter()
         .map(|r| {
             (r.offset..r.offset + r.len)
+                .filter(|&k| batch.mask[k])
                 .map(|k| batch.logp[k] - behav[k])
                 .sum()
         })

@@ -37,6 +37,7 @@ pub fn group(behaviour: &Policy, id: u32, version: u32) -> TrainGroup {
                 behavior_logprobs: logprobs(behaviour, &prompt, r),
                 versions: vec![version; r.len()],
                 reward: *reward,
+                ..Default::default()
             })
             .collect(),
     }

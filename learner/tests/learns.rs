@@ -63,6 +63,7 @@ fn on_policy_rl_raises_reward_on_fixed_prompts() {
                         behavior_logprobs: r.logprobs,
                         versions: r.versions,
                         reward,
+                        ..Default::default()
                     }
                 })
                 .collect();

@@ -228,3 +228,77 @@ fn micro_batch_search_scope_uses_global_denominators() {
         assert!((x - y).abs() < 1e-9);
     }
 }
+
+/// A two-turn episode: the model's turn, an environment's observation
+/// (masked), the model's answer; its behaviour log-probs of the
+/// observation set to `obs_lp`.
+fn episode_group(
+    stale: &bapo_policy::Policy,
+    obs_lp: f32,
+    masked: bool,
+) -> bapo_learner::TrainGroup {
+    let prompt = vec![1, 5, 3];
+    let turns: [(&[u32], f32); 4] = [
+        (&[10, 11, 4, 30, 31, 32, 10, 4], 1.0),
+        (&[20, 21, 4, 30, 33, 32, 22, 4], 0.0),
+        (&[10, 22, 4, 34, 31, 32, 10, 4], 1.0),
+        (&[23, 20, 4, 30, 31, 35, 21, 4], 0.0),
+    ];
+    let mask = [true, true, true, false, false, false, true, true];
+    let sequences = turns
+        .iter()
+        .map(|(r, reward)| {
+            let mut lp = logprobs(stale, &prompt, r);
+            for (j, m) in mask.iter().enumerate() {
+                if !m {
+                    lp[j] = obs_lp;
+                }
+            }
+            bapo_learner::rollouts::Sequence {
+                prompt: prompt.clone(),
+                response: r.to_vec(),
+                behavior_logprobs: lp,
+                versions: vec![0; r.len()],
+                reward: *reward,
+                mask: if masked { mask.to_vec() } else { Vec::new() },
+                turns: vec![0, 0, 0, 0, 0, 0, 1, 1],
+            }
+        })
+        .collect();
+    bapo_learner::TrainGroup {
+        group_id: "episode".into(),
+        sequences,
+        sequence_number: 0,
+    }
+}
+
+/// Observation tokens carry no gradient: whatever their behaviour
+/// log-probs say, the loss, the entropy bonus and the KL penalty see only
+/// the model's tokens. Trained as the model's, the same tokens move the
+/// gradient (the control that shows the test can fail).
+#[test]
+fn observation_tokens_carry_no_gradient() {
+    let stale = tiny_policy(18);
+    let mut cfg = config("bapo");
+    cfg.entropy_coef = 0.01;
+    cfg.kl_coef = 0.05;
+    let t = Trainer::new(cfg, tiny_policy(19), 0).unwrap();
+    let embed = |groups: &[bapo_learner::TrainGroup]| -> (f64, Vec<f32>) {
+        let b = t.gradients(groups).unwrap();
+        let g = b
+            .grads
+            .get::<2>(t.model().embed_tokens.weight.id)
+            .unwrap()
+            .into_data()
+            .try_into_vec()
+            .unwrap();
+        (b.loss.loss, g)
+    };
+    let (loss, grads) = embed(&[episode_group(&stale, 0.0, true)]);
+    let (loss2, grads2) = embed(&[episode_group(&stale, -9.0, true)]);
+    assert_eq!(loss, loss2);
+    assert_eq!(grads, grads2, "observation log-probs moved a gradient");
+    let (loss3, grads3) = embed(&[episode_group(&stale, -9.0, false)]);
+    assert_ne!(loss, loss3, "trained as the model's, they count");
+    assert_ne!(grads, grads3);
+}

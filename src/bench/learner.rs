@@ -71,6 +71,7 @@ fn groups(a: &LearnerBenchArgs, vocab: u32) -> Vec<TrainGroup> {
                     behavior_logprobs: vec![-(vocab as f32).ln(); a.response],
                     versions: vec![0; a.response],
                     reward: (i % 2) as f32,
+                    ..Default::default()
                 })
                 .collect(),
         })

@@ -19,6 +19,8 @@ pub(super) fn rollout(group: &str, id: &str, versions: &[u64]) -> Rollout {
         versions: VersionRuns::from_tokens(versions),
         reward: 1.0,
         token_rewards: Default::default(),
+        loss_mask: Default::default(),
+        turn_ids: Default::default(),
         finish_reason: FinishReason::Stop,
         actor_id: "a0".into(),
         task: "arith".into(),

@@ -257,6 +257,7 @@ fn stored(t: u64, p: &Prepared, row: &Row) -> Stored {
             .iter()
             .map(|&x| x as f32)
             .collect(),
+        mask: p.skel.mask[row.offset..row.offset + row.len].to_vec(),
     }
 }
 
@@ -274,10 +275,10 @@ fn prepare_replay(items: &[Replay]) -> Prepared {
             len: s.response.len(),
             offset: skel.advantages.len(),
         });
-        for &lp in &s.logp_old {
+        for (j, &lp) in s.logp_old.iter().enumerate() {
             skel.advantages.push(r.advantage);
             skel.logp_old.push(lp as f64);
-            skel.mask.push(true);
+            skel.mask.push(s.mask.get(j).copied().unwrap_or(true));
             skel.seq_ids.push(i as u32);
         }
     }

@@ -300,6 +300,7 @@ impl Setup {
                     response: r.tokens,
                     behavior_logprobs: r.logprobs,
                     versions: r.versions,
+                    ..Default::default()
                 }
             })
             .collect();

@@ -122,6 +122,7 @@ mod tests {
                     behavior_logprobs: vec![-1.0; len],
                     versions: vec![0; len],
                     reward,
+                    ..Default::default()
                 })
                 .collect(),
             sequence_number: 0,
