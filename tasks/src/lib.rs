@@ -36,6 +36,7 @@ pub mod math;
 pub mod numeric;
 pub mod shaping;
 pub mod split;
+pub mod tool;
 pub mod trace;
 
 use std::path::PathBuf;
@@ -49,6 +50,7 @@ pub use jsonl::Jsonl;
 pub use math::Math;
 pub use shaping::{Overlong, Shaping};
 pub use split::Split;
+pub use tool::ArithTool;
 pub use trace::CountdownTrace;
 
 /// One problem: the prompt text the model sees, the reference answer the
@@ -113,7 +115,7 @@ pub trait Task: Send + Sync {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TaskSpec {
-    /// One of [`NAMES`]: "arith" (default), "countdown", "countdown-trace",
+    /// One of [`NAMES`]: "arith" (default), "arith-tool", "countdown", "countdown-trace",
     /// "jsonl" or "math".
     pub name: String,
     /// Seed of the training stream (default 0). The held-out split does not
@@ -273,13 +275,21 @@ pub enum TaskError {
 }
 
 /// Names [`build`] accepts.
-pub const NAMES: &[&str] = &["arith", "countdown", "countdown-trace", "jsonl", "math"];
+pub const NAMES: &[&str] = &[
+    "arith",
+    "arith-tool",
+    "countdown",
+    "countdown-trace",
+    "jsonl",
+    "math",
+];
 
 /// Builds the task a spec names, checking the spec first.
 pub fn build(spec: &TaskSpec) -> Result<Box<dyn Task>, TaskError> {
     spec.validate()?;
     match spec.name.as_str() {
         "arith" => Ok(Box::new(Arith::new(spec.seed, spec.difficulty)?)),
+        "arith-tool" => Ok(Box::new(ArithTool::new(spec.seed, spec.difficulty)?)),
         "countdown" => Ok(Box::new(Countdown::new(spec.seed, spec.difficulty)?)),
         "countdown-trace" => Ok(Box::new(CountdownTrace::new(spec.seed, spec.difficulty)?)),
         "jsonl" => {
