@@ -16,11 +16,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=bapo.proto");
     println!("cargo:rerun-if-changed=wal.proto");
     println!("cargo:rerun-if-changed=reward.proto");
+    println!("cargo:rerun-if-changed=environment.proto");
     tonic_prost_build::configure()
         // `bytes` fields as `bytes::Bytes`: decoded without copying out of
         // the receive buffer, cloned by reference count.
         .bytes(".")
         .file_descriptor_set_path(out.join("bapo_descriptor.bin"))
-        .compile_protos(&["bapo.proto", "wal.proto", "reward.proto"], &["."])?;
+        .compile_protos(
+            &[
+                "bapo.proto",
+                "wal.proto",
+                "reward.proto",
+                "environment.proto",
+            ],
+            &["."],
+        )?;
     Ok(())
 }

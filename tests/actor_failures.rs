@@ -118,6 +118,7 @@ fn run_actor(
             tls: None,
             reward: Default::default(),
             model_dir: None,
+            chat: None,
         },
         std::future::pending(),
     ))

@@ -461,6 +461,7 @@ async fn the_loop_runs_over_mutual_tls() {
             tls: Some(pki.client("actor-0", "actor/actor-0")),
             reward: Default::default(),
             model_dir: None,
+            chat: None,
         },
         async {
             let _ = rx.await;

@@ -4,7 +4,10 @@ use bapo_policy::SamplingParams;
 use bapo_tasks::Shaping;
 use serde::{Deserialize, Serialize};
 
-use crate::vllm::{VllmConfig, VllmConfigError};
+use crate::{
+    env::{EnvConfig, EnvConfigError},
+    vllm::{VllmConfig, VllmConfigError},
+};
 
 /// What to do with in-flight responses when new weights arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -63,6 +66,9 @@ pub struct ActorConfig {
     /// learner version it was granted under before generating with older
     /// ones anyway (a learner that is down must not stop the actor).
     pub lease_weight_wait_s: f64,
+    /// Multi-turn episodes against an environment (`[actor.env]`); off by
+    /// default.
+    pub env: EnvConfig,
 }
 
 impl Default for ActorConfig {
@@ -90,6 +96,7 @@ impl Default for ActorConfig {
             os_entropy: false,
             lease: true,
             lease_weight_wait_s: 60.0,
+            env: EnvConfig::default(),
         }
     }
 }
@@ -123,6 +130,8 @@ pub enum ConfigError {
          these rollouts"
     )]
     TopP(f32),
+    #[error("{0}")]
+    Env(#[from] EnvConfigError),
 }
 
 impl ActorConfig {
@@ -151,6 +160,7 @@ impl ActorConfig {
         if self.engine == Engine::Vllm {
             self.vllm.validate()?;
         }
+        self.env.validate()?;
         Ok(())
     }
 }

@@ -8,10 +8,13 @@
 //! generating a group it leases room for it ([`lease`]), so the buffer's
 //! staleness bound holds it back before it generates, not after. The
 //! responses come from bapo's own Burn model or from a vLLM server
-//! ([`vllm`]).
+//! ([`vllm`]). With an environment ([`env`]) each rollout is a multi-turn
+//! episode: the model's turns and the environment's answers, the answers
+//! masked from the loss.
 
 pub mod backoff;
 pub mod config;
+pub mod env;
 pub mod lease;
 pub mod metrics;
 pub mod push;

@@ -24,10 +24,40 @@ pub const ENGINE_RELOAD_SECONDS: &str = "bapo_actor_engine_reload_seconds";
 pub const ENGINE_RELOAD_FAILURES: &str = "bapo_actor_engine_reload_failures_total";
 pub const ENGINE_RESTARTS: &str = "bapo_actor_engine_restarts_total";
 pub const ENGINE_DOWN_GROUPS: &str = "bapo_actor_engine_down_groups_total";
+pub const ENV_SECONDS: &str = "bapo_actor_env_seconds";
+pub const ENV_ERRORS: &str = "bapo_actor_env_errors_total";
+pub const EPISODES_DROPPED: &str = "bapo_actor_episodes_dropped_total";
+pub const EPISODE_TURNS: &str = "bapo_actor_episode_turns";
+pub const OBSERVATION_TOKEN_SHARE: &str = "bapo_actor_observation_token_share";
+pub const OBSERVATIONS_TRUNCATED: &str = "bapo_actor_observations_truncated_total";
+pub const TOOL_CALLS: &str = "bapo_actor_tool_calls_total";
 
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(TOKENS, "Response tokens generated");
+    describe_histogram!(
+        ENV_SECONDS,
+        Unit::Seconds,
+        "Environment calls (reset, step), retries included, by call"
+    );
+    describe_counter!(
+        ENV_ERRORS,
+        "Environment calls that failed, by call and reason (each attempt)"
+    );
+    describe_counter!(
+        EPISODES_DROPPED,
+        "Episodes given up, by reason (their group is not pushed)"
+    );
+    describe_histogram!(EPISODE_TURNS, "Model turns per finished episode");
+    describe_histogram!(
+        OBSERVATION_TOKEN_SHARE,
+        "Share of an episode's response tokens written by the environment"
+    );
+    describe_counter!(
+        OBSERVATIONS_TRUNCATED,
+        "Observations cut to actor.env.max_observation_tokens"
+    );
+    describe_counter!(TOOL_CALLS, "Steps the environment marked as tool calls");
     describe_histogram!(
         ENGINE_RELOAD_SECONDS,
         Unit::Seconds,

@@ -33,6 +33,11 @@ use tokio::sync::watch;
 
 use crate::{
     ActorConfig, Engine,
+    env::{
+        self, ResetInput,
+        episode::{self, EpisodeEnd, EpisodePacking, Runner},
+        slot::SlotModel,
+    },
     lease::{Admitted, Leasing, Stop},
     metrics as names,
     push::push_group,
@@ -57,16 +62,16 @@ pub struct ActorOptions {
     /// The model directory (`[model] hf_dir`) a vLLM server the actor
     /// starts loads first.
     pub model_dir: Option<std::path::PathBuf>,
+    /// The chat template the task's prompts are in, and its system
+    /// prompt: an environment's messages are rendered with it (`None`:
+    /// raw prompts, observations appended as plain text).
+    pub chat: Option<(bapo_policy::chat::ChatTemplate, Option<String>)>,
 }
 
-/// What makes a slot's responses.
-#[derive(Clone)]
-enum Generator {
-    /// bapo's Burn model, following the weights cell token by token.
-    Burn,
-    /// A vLLM server; the cell holds the weights it serves.
-    Vllm(Arc<vllm::Engine>),
-}
+/// What makes a slot's responses: bapo's Burn model, following the
+/// weights cell token by token, or a vLLM server (the cell then holds the
+/// weights it serves).
+use crate::env::slot::Engine as Generator;
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ActorSummary {
@@ -85,6 +90,22 @@ pub async fn run(
     cfg.validate()?;
     let stop_tokens = tokenizer.stop_ids(&cfg.stop)?;
     let verifier = reward::build(&opts.reward, task.clone(), cfg.shaping.format_bonus)?;
+    if cfg.env.enabled() && opts.reward.endpoint != RewardConfig::default().endpoint {
+        anyhow::bail!(
+            "reward.endpoint = {:?} with [actor.env]: an environment rewards its own \
+             episodes; leave [reward] out",
+            opts.reward.endpoint
+        );
+    }
+    let episodes = env::setup(
+        &cfg.env,
+        cfg.sampling.max_new_tokens,
+        task.clone(),
+        tokenizer.clone(),
+        opts.chat.clone(),
+    )
+    .await?
+    .map(Arc::new);
     let channel = tls::connector(&opts.buffer, opts.tls.as_ref())
         .with_context(|| format!("buffer address {:?}", opts.buffer))?
         .connect_lazy();
@@ -135,6 +156,7 @@ pub async fn run(
             cfg: cfg.clone(),
             task: task.clone(),
             verifier: verifier.clone(),
+            episodes: episodes.clone(),
             retry: Retry::from(&opts.reward),
             tokenizer: tokenizer.clone(),
             stop_tokens: stop_tokens.clone(),
@@ -258,6 +280,8 @@ struct Slot {
     cfg: ActorConfig,
     task: Arc<dyn Task>,
     verifier: Arc<dyn Verifier>,
+    /// Multi-turn episodes instead of single responses (`[actor.env]`).
+    episodes: Option<Arc<env::EnvSetup>>,
     retry: Retry,
     tokenizer: Arc<TextTokenizer>,
     stop_tokens: Vec<u32>,
@@ -323,24 +347,15 @@ impl Slot {
             let start = self.cell.borrow_and_update().clone().unwrap_or(start);
             params.seed = rng.random();
             let t0 = Instant::now();
-            let (responses, incarnation) = match self.generate(start, &prompt, &params) {
-                Made::Group(r, i) => (r, i),
-                Made::Skip => continue,
-                Made::Stop => return Ok(()),
+            let made = match self.episodes.clone() {
+                Some(setup) => self.episode_group(&setup, &problem, &params, &group_id),
+                None => self.single_turn_group(start, &problem, &prompt, &params, &group_id),
             };
-            let Some(scored) = self.score(&problem, &responses) else {
-                return Ok(());
+            let rollouts = match made {
+                GroupMade::Rollouts(r) => r,
+                GroupMade::Skip => continue,
+                GroupMade::Stop => return Ok(()),
             };
-            let Ok(scores) = scored else {
-                // Dropped and counted by `score_group`; the next problem.
-                continue;
-            };
-            let origin = Origin {
-                group_id: &group_id,
-                actor_id: &self.actor_id,
-                incarnation,
-            };
-            let rollouts = self.pack(&params, &problem, &prompt, responses, scores, &origin);
             histogram!(names::GROUP_SECONDS).record(t0.elapsed().as_secs_f64());
             // The group's first rollout takes the lease's place.
             drop(lease);
@@ -349,6 +364,108 @@ impl Slot {
             }
         }
         Ok(())
+    }
+
+    /// One prompt's K responses, scored and packed.
+    fn single_turn_group(
+        &mut self,
+        start: Arc<Versioned>,
+        problem: &Problem,
+        prompt: &[u32],
+        params: &SamplingParams,
+        group_id: &str,
+    ) -> GroupMade {
+        let (responses, incarnation) = match self.generate(start, prompt, params) {
+            Made::Group(r, i) => (r, i),
+            Made::Skip => return GroupMade::Skip,
+            Made::Stop => return GroupMade::Stop,
+        };
+        let Some(scored) = self.score(problem, &responses) else {
+            return GroupMade::Stop;
+        };
+        let Ok(scores) = scored else {
+            // Dropped and counted by `score_group`; the next problem.
+            return GroupMade::Skip;
+        };
+        let origin = Origin {
+            group_id,
+            actor_id: &self.actor_id,
+            incarnation,
+        };
+        GroupMade::Rollouts(self.pack(params, problem, prompt, responses, scores, &origin))
+    }
+
+    /// One problem's K episodes, one after another; a dropped episode
+    /// drops the group (its advantages need every member).
+    fn episode_group(
+        &mut self,
+        setup: &env::EnvSetup,
+        problem: &Problem,
+        params: &SamplingParams,
+        group_id: &str,
+    ) -> GroupMade {
+        let runner = Runner {
+            env: &*setup.env,
+            info: &setup.info,
+            renderer: &setup.renderer,
+            tokenizer: &self.tokenizer,
+            stop_tokens: &self.stop_tokens,
+            limits: setup.limits,
+            retry: setup.retry,
+            handle: &self.handle,
+        };
+        let mut episodes = Vec::with_capacity(self.cfg.group_size);
+        for member in 0..self.cfg.group_size as u64 {
+            let mut model = SlotModel {
+                engine: self.generator.clone(),
+                cell: self.cell.clone(),
+                mode: self.cfg.mode,
+                params: params.clone(),
+                member,
+                abort: self.abort.clone(),
+                abort_rx: self.abort_rx.clone(),
+                handle: self.handle.clone(),
+            };
+            let input = ResetInput {
+                task: self.task.name(),
+                problem,
+                seed: fnv1a(&format!("{}-{member}", params.seed)),
+            };
+            match runner.run(input, &mut model) {
+                EpisodeEnd::Done(ep) => episodes.push(*ep),
+                EpisodeEnd::Dropped(_) => return GroupMade::Skip,
+                EpisodeEnd::Stopped => return GroupMade::Stop,
+            }
+        }
+        // One lineage per group, as for single-turn groups.
+        let incarnation = episodes[0].incarnation;
+        if episodes.iter().any(|e| e.incarnation != incarnation) {
+            counter!(names::EPISODES_DROPPED, "reason" => "new_lineage").increment(1);
+            return GroupMade::Skip;
+        }
+        let source = format!("env:{}", setup.info.name);
+        let packing = Packing {
+            task: self.task.name(),
+            shaping: &self.cfg.shaping,
+            sampling: params,
+            source: &source,
+        };
+        let origin = Origin {
+            group_id,
+            actor_id: &self.actor_id,
+            incarnation,
+        };
+        let p = EpisodePacking {
+            packing: &packing,
+            task: &*self.task,
+            problem,
+        };
+        let rollouts = episode::pack(&p, episodes, &origin);
+        for r in &rollouts {
+            histogram!(names::REWARD).record(r.reward as f64);
+            histogram!(names::RESPONSE_TOKENS).record((r.response_tokens.len() / 4) as f64);
+        }
+        GroupMade::Rollouts(rollouts)
     }
 
     /// The problem's prompt in tokens; `None` (logged) when it is empty or
@@ -438,6 +555,15 @@ fn fits(problem: &Problem, prompt: &[u32], max_positions: usize) -> bool {
         prompt.len()
     );
     false
+}
+
+/// What a slot made of one problem.
+enum GroupMade {
+    Rollouts(Vec<bapo_proto::v1::Rollout>),
+    /// Nothing to push (dropped and counted); the next problem.
+    Skip,
+    /// Aborted: the actor is stopping.
+    Stop,
 }
 
 /// What a slot's generator made of one problem.
@@ -572,8 +698,9 @@ pub fn slot_rng(actor_id: &str, slot: usize, seed: u64, os_entropy: bool) -> Sma
     SmallRng::seed_from_u64(fnv1a(&format!("{actor_id}-{slot}")) ^ seed)
 }
 
-/// FNV-1a, a stable 64-bit hash of a string (seeds per slot).
-fn fnv1a(s: &str) -> u64 {
+/// FNV-1a, a stable 64-bit hash of a string (seeds per slot, episode
+/// and turn).
+pub(crate) fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
     })

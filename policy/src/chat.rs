@@ -157,16 +157,30 @@ impl ChatTemplate {
     pub fn render(&self, system: Option<&str>, user: &str) -> Result<String, ChatError> {
         let mut messages = Vec::new();
         if let Some(s) = system {
-            messages.push(context! { role => "system", content => s });
+            messages.push(("system", s));
         }
-        messages.push(context! { role => "user", content => user });
+        messages.push(("user", user));
+        self.render_messages(&messages, true)
+    }
+
+    /// A conversation of `(role, content)` messages, ending where the
+    /// assistant's next turn begins when `add_generation_prompt`.
+    pub fn render_messages(
+        &self,
+        messages: &[(&str, &str)],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        let messages: Vec<_> = messages
+            .iter()
+            .map(|(role, content)| context! { role => role, content => content })
+            .collect();
         let tmpl = self
             .env
             .get_template("chat")
             .map_err(|e| ChatError::Render(e.to_string()))?;
         tmpl.render(context! {
             messages => messages,
-            add_generation_prompt => true,
+            add_generation_prompt => add_generation_prompt,
             bos_token => self.bos,
             eos_token => self.eos,
         })

@@ -156,6 +156,12 @@ impl TextTokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The text of token `id` as the vocabulary writes it (a special
+    /// token's own name, which [`Self::decode`] skips).
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     /// The ids of the stop tokens in `names` this tokenizer has (the
     /// default list covers several model families; each has some); none
     /// at all is an error naming the list.

@@ -62,6 +62,7 @@ pub async fn run(args: ActorArgs) -> anyhow::Result<()> {
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
+    let chat = common::chat(&cfg.task, &tokenizer)?;
     let summary = bapo_actor::run(
         cfg.actor,
         task,
@@ -75,6 +76,7 @@ pub async fn run(args: ActorArgs) -> anyhow::Result<()> {
             tls,
             reward: cfg.reward,
             model_dir: cfg.model.hf_dir.clone(),
+            chat,
         },
         telemetry::shutdown_signal(),
     )

@@ -88,6 +88,20 @@ pub fn task(spec: &TaskSpec, tokenizer: &TextTokenizer) -> anyhow::Result<Arc<dy
     )?))
 }
 
+/// The chat template and system prompt a task's prompts are rendered
+/// with (`prompt_format = "chat"`); `None` for raw prompts.
+pub fn chat(
+    spec: &TaskSpec,
+    tokenizer: &TextTokenizer,
+) -> anyhow::Result<Option<(bapo_policy::chat::ChatTemplate, Option<String>)>> {
+    if spec.prompt_format == PromptFormat::Raw {
+        return Ok(None);
+    }
+    Ok(tokenizer
+        .chat_template()?
+        .map(|t| (t, spec.system_prompt.clone())))
+}
+
 /// Greedy accuracy on the validation half, as the learner's periodic
 /// evaluation.
 pub fn eval_hook(

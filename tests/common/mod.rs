@@ -216,6 +216,7 @@ pub fn actor_options(buffer: &str, learner: &str, id: &str) -> bapo_actor::Actor
         tls: None,
         reward: Default::default(),
         model_dir: None,
+        chat: None,
     }
 }
 

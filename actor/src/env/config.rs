@@ -1,0 +1,230 @@
+//! The `[actor.env]` table: which environment answers the model's turns,
+//! and the bounds of one episode.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Where an episode's observations come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EnvKind {
+    /// Single-turn rollouts: no environment (the default).
+    #[default]
+    None,
+    /// The built-in calculator (`<call>EXPR</call>` answered with
+    /// `<result>VALUE</result>`), rewarded by the task's verifier.
+    Builtin,
+    /// A `bapo.v1.EnvironmentService` at `endpoint`.
+    Grpc,
+}
+
+/// Which end of an overlong observation is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TruncateSide {
+    /// Keep the start (a long tool output's head).
+    #[default]
+    Right,
+    /// Keep the end (a log's tail).
+    Left,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnvConfig {
+    /// `none` (single-turn), `builtin` (the calculator) or `grpc`.
+    pub kind: EnvKind,
+    /// `grpc`: `grpc://host:port` (plaintext) or `grpcs://host:port` (TLS).
+    pub endpoint: String,
+    /// Model turns per episode, at most (the environment may allow fewer).
+    pub max_turns: u32,
+    /// Response tokens per episode, model turns and observations together;
+    /// each turn's cap is the smaller of `[actor.sampling]
+    /// max_new_tokens` and what is left.
+    pub max_episode_tokens: usize,
+    /// Tokens of one observation's content, at most; longer ones are cut
+    /// at `truncate`.
+    pub max_observation_tokens: usize,
+    pub truncate: TruncateSide,
+    /// Deadline of one Reset, Step or Close call.
+    pub step_timeout_ms: u64,
+    /// Wall-clock limit of one episode (generation included); past it the
+    /// episode is dropped.
+    pub episode_timeout_s: f64,
+    /// Further attempts after a failed call; then the episode is dropped.
+    pub retries: u32,
+    /// Delay before the first retry, doubled each retry (capped at 10 s,
+    /// with jitter).
+    pub backoff_ms: u64,
+    /// grpcs: the CA bundle (PEM) that verifies the server.
+    pub ca: Option<PathBuf>,
+    /// grpcs: the name to verify in its certificate (default: the host).
+    pub server_name: Option<String>,
+    /// Allow `grpc://` (plaintext) to a host beyond loopback.
+    pub insecure: bool,
+}
+
+impl Default for EnvConfig {
+    fn default() -> Self {
+        Self {
+            kind: EnvKind::None,
+            endpoint: String::new(),
+            max_turns: 4,
+            max_episode_tokens: 256,
+            max_observation_tokens: 64,
+            truncate: TruncateSide::Right,
+            step_timeout_ms: 10_000,
+            episode_timeout_s: 300.0,
+            retries: 3,
+            backoff_ms: 200,
+            ca: None,
+            server_name: None,
+            insecure: false,
+        }
+    }
+}
+
+/// An `[actor.env]` setting that cannot mean what it says, named.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EnvConfigError {
+    #[error("actor.env.{0} must be at least 1")]
+    Zero(&'static str),
+    #[error("actor.env.episode_timeout_s = {0} must be a finite number of seconds > 0")]
+    EpisodeTimeout(f64),
+    #[error(
+        "actor.env.endpoint = {0:?}: expected \"grpc://host:port\" or \"grpcs://host:port\" \
+         with kind = \"grpc\""
+    )]
+    Endpoint(String),
+    #[error("actor.env.endpoint is set but kind = {0:?}: set kind = \"grpc\" to use it")]
+    EndpointUnused(String),
+    #[error("actor.env.ca is needed with a grpcs:// endpoint (it verifies the server)")]
+    NoCa,
+    #[error("actor.env.{0} only applies to a grpcs:// endpoint")]
+    TlsOnly(&'static str),
+    #[error(
+        "actor.env.endpoint = {0:?} is plaintext beyond loopback: use grpcs:// with \
+         actor.env.ca, or set actor.env.insecure = true"
+    )]
+    Plaintext(String),
+    #[error(
+        "actor.env.max_observation_tokens = {obs} leaves no room for a model turn within \
+         actor.env.max_episode_tokens = {episode}"
+    )]
+    NoRoom { obs: usize, episode: usize },
+}
+
+impl EnvConfig {
+    pub fn enabled(&self) -> bool {
+        self.kind != EnvKind::None
+    }
+
+    /// Checks the table; with `kind = "grpc"`, returns the tonic URL and
+    /// whether it is TLS.
+    pub fn validate(&self) -> Result<Option<(String, bool)>, EnvConfigError> {
+        if !self.enabled() {
+            return Ok(None);
+        }
+        for (name, v) in [
+            ("max_turns", self.max_turns as u64),
+            ("max_episode_tokens", self.max_episode_tokens as u64),
+            ("max_observation_tokens", self.max_observation_tokens as u64),
+            ("step_timeout_ms", self.step_timeout_ms),
+        ] {
+            if v == 0 {
+                return Err(EnvConfigError::Zero(name));
+            }
+        }
+        if !(self.episode_timeout_s.is_finite() && self.episode_timeout_s > 0.0) {
+            return Err(EnvConfigError::EpisodeTimeout(self.episode_timeout_s));
+        }
+        if self.max_observation_tokens >= self.max_episode_tokens {
+            return Err(EnvConfigError::NoRoom {
+                obs: self.max_observation_tokens,
+                episode: self.max_episode_tokens,
+            });
+        }
+        match self.kind {
+            EnvKind::Grpc => self.url().map(Some),
+            _ if !self.endpoint.is_empty() => {
+                Err(EnvConfigError::EndpointUnused(format!("{:?}", self.kind)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn url(&self) -> Result<(String, bool), EnvConfigError> {
+        let bad = || EnvConfigError::Endpoint(self.endpoint.clone());
+        let (scheme, rest) = self.endpoint.split_once("://").ok_or_else(bad)?;
+        let tls = match scheme {
+            "grpc" => false,
+            "grpcs" => true,
+            _ => return Err(bad()),
+        };
+        let host = rest.rsplit_once(':').map(|(h, _)| h).ok_or_else(bad)?;
+        if host.is_empty() || rest.contains('/') {
+            return Err(bad());
+        }
+        match (tls, &self.ca) {
+            (true, None) => return Err(EnvConfigError::NoCa),
+            (false, Some(_)) => return Err(EnvConfigError::TlsOnly("ca")),
+            _ => {}
+        }
+        if !tls && self.server_name.is_some() {
+            return Err(EnvConfigError::TlsOnly("server_name"));
+        }
+        let loopback = matches!(host, "127.0.0.1" | "localhost" | "[::1]");
+        if !tls && !loopback && !self.insecure {
+            return Err(EnvConfigError::Plaintext(self.endpoint.clone()));
+        }
+        let scheme = if tls { "https" } else { "http" };
+        Ok((format!("{scheme}://{rest}"), tls))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(f: impl FnOnce(&mut EnvConfig)) -> Result<Option<(String, bool)>, EnvConfigError> {
+        let mut c = EnvConfig {
+            kind: EnvKind::Grpc,
+            endpoint: "grpc://127.0.0.1:50071".into(),
+            ..Default::default()
+        };
+        f(&mut c);
+        c.validate()
+    }
+
+    #[test]
+    fn off_by_default_and_a_loopback_endpoint_is_accepted() {
+        assert_eq!(EnvConfig::default().validate(), Ok(None));
+        assert_eq!(
+            with(|_| {}),
+            Ok(Some(("http://127.0.0.1:50071".into(), false)))
+        );
+    }
+
+    #[test]
+    fn settings_that_cannot_mean_what_they_say_are_refused_by_name() {
+        let err = |f: fn(&mut EnvConfig)| with(f).unwrap_err().to_string();
+        assert!(err(|c| c.max_turns = 0).contains("actor.env.max_turns"));
+        assert!(err(|c| c.endpoint = "http://x:1".into()).contains("actor.env.endpoint"));
+        assert!(err(|c| c.endpoint = "grpc://10.0.0.5:1".into()).contains("plaintext"));
+        assert!(err(|c| c.endpoint = "grpcs://h:1".into()).contains("actor.env.ca"));
+        assert!(err(|c| c.episode_timeout_s = f64::NAN).contains("episode_timeout_s"));
+        assert!(err(|c| c.max_observation_tokens = 256).contains("no room"));
+        assert!(
+            err(|c| c.kind = EnvKind::Builtin).contains("kind"),
+            "an endpoint nothing reads"
+        );
+        assert!(
+            with(|c| {
+                c.endpoint = "grpc://10.0.0.5:1".into();
+                c.insecure = true;
+            })
+            .is_ok()
+        );
+    }
+}

@@ -1,0 +1,516 @@
+//! One episode, turn by turn: the model takes a turn on everything so far,
+//! the environment answers, the answer is appended (masked from the loss),
+//! until the environment says done, the turn limit, or the token budget.
+//!
+//! The episode's rollout holds every token with its loss mask (model 1,
+//! observation 0), the behaviour log-prob and version of every model token
+//! (observation tokens: 0 and the version of the turn before), and a turn
+//! id per token. Each turn starts from the newest weights and, in partial
+//! mode, takes newer ones mid-turn, so versions stay per token.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use bapo_policy::{Finish, Response, tokenizer::TextTokenizer};
+use metrics::{counter, histogram};
+use tokio::runtime::Handle;
+
+use super::{
+    EnvError, EnvInfo, Environment, ResetInput, Retry, StepOutcome, Turn, render::Renderer,
+    with_retries,
+};
+use crate::metrics as names;
+
+/// The bounds of one episode.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_turns: u32,
+    /// Response tokens, turns and observations together.
+    pub max_tokens: usize,
+    /// One turn's cap (`[actor.sampling] max_new_tokens`).
+    pub turn_tokens: usize,
+    pub call_timeout: Duration,
+    pub deadline: Duration,
+}
+
+/// What the model made of one turn.
+pub enum TurnMade {
+    /// The turn, and the learner incarnation of the weights that made it.
+    Turn(Response, u64),
+    /// The actor is stopping.
+    Stop,
+    /// Nothing usable (the engine is down); the episode is dropped.
+    Skip(&'static str),
+}
+
+/// The slot's engine, taking turns.
+pub trait Model {
+    /// A turn of at most `max_new` tokens after `context`.
+    fn turn(&mut self, context: &[u32], max_new: usize, turn: u32) -> TurnMade;
+}
+
+/// A finished episode.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Episode {
+    pub prompt: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub versions: Vec<u32>,
+    /// 1: the model's token; 0: the environment's.
+    pub mask: Vec<u8>,
+    pub turn_ids: Vec<u32>,
+    /// The sum of the steps' rewards.
+    pub reward: f32,
+    /// `Stop`: the environment ended it; `Length`: a limit did.
+    pub finish: Option<Finish>,
+    pub turns: u32,
+    pub tool_calls: u32,
+    pub observation_tokens: usize,
+    pub incarnation: u64,
+    /// The last turn's text (the final answer when the environment ended
+    /// the episode).
+    pub final_text: String,
+    /// The last value of each `info` key.
+    pub info: BTreeMap<String, String>,
+}
+
+/// How an episode ended.
+#[derive(Debug)]
+pub enum EpisodeEnd {
+    Done(Box<Episode>),
+    /// Given up, with the reason counted.
+    Dropped(&'static str),
+    /// The actor is stopping.
+    Stopped,
+}
+
+/// Runs episodes of one environment for one slot.
+pub struct Runner<'a> {
+    pub env: &'a dyn Environment,
+    pub info: &'a EnvInfo,
+    pub renderer: &'a Renderer,
+    pub tokenizer: &'a TextTokenizer,
+    pub stop_tokens: &'a [u32],
+    pub limits: Limits,
+    pub retry: Retry,
+    pub handle: &'a Handle,
+}
+
+impl Runner<'_> {
+    /// One episode from `input`, its environment state closed at the end
+    /// whatever happened.
+    pub fn run(&self, input: ResetInput<'_>, model: &mut dyn Model) -> EpisodeEnd {
+        let t0 = Instant::now();
+        let started = self.call("reset", || self.env.reset(input));
+        let started = match started {
+            Ok(s) => s,
+            Err(e) => return dropped(e.reason, &e.to_string()),
+        };
+        let id = started.episode_id.clone();
+        let end = match self.renderer.prompt(&started.observation) {
+            Ok(prompt) => self.turns(&id, prompt, model, t0),
+            Err(e) => dropped("bad_observation", &e.to_string()),
+        };
+        let timeout = self.limits.call_timeout;
+        self.handle.block_on(async {
+            let _ = tokio::time::timeout(timeout, self.env.close(&id)).await;
+        });
+        if let EpisodeEnd::Done(ep) = &end {
+            histogram!(names::EPISODE_TURNS).record(ep.turns as f64);
+            let share = ep.observation_tokens as f64 / ep.tokens.len().max(1) as f64;
+            histogram!(names::OBSERVATION_TOKEN_SHARE).record(share);
+        }
+        end
+    }
+
+    fn turns(&self, id: &str, prompt: Vec<u32>, model: &mut dyn Model, t0: Instant) -> EpisodeEnd {
+        let max_turns = match self.info.max_turns {
+            0 => self.limits.max_turns,
+            n => n.min(self.limits.max_turns),
+        };
+        let mut ep = Episode {
+            prompt,
+            finish: Some(Finish::Length),
+            ..Default::default()
+        };
+        let mut lineage = None;
+        for turn in 0..max_turns {
+            let left = self.limits.max_tokens.saturating_sub(ep.tokens.len());
+            if left == 0 {
+                break;
+            }
+            if t0.elapsed() > self.limits.deadline {
+                return dropped("episode_timeout", "past actor.env.episode_timeout_s");
+            }
+            let context: Vec<u32> = ep.prompt.iter().chain(&ep.tokens).copied().collect();
+            let (response, incarnation) =
+                match model.turn(&context, self.limits.turn_tokens.min(left), turn) {
+                    TurnMade::Turn(r, i) => (r, i),
+                    TurnMade::Stop => return EpisodeEnd::Stopped,
+                    TurnMade::Skip(reason) => return dropped(reason, "the engine made no turn"),
+                };
+            if *lineage.get_or_insert(incarnation) != incarnation {
+                return dropped("new_lineage", "weights of another learner incarnation");
+            }
+            ep.incarnation = incarnation;
+            let out = match self.step(id, &response, turn, &mut ep) {
+                Ok(out) => out,
+                Err(e) => return dropped(e.reason, &e.to_string()),
+            };
+            if out.done || out.truncated {
+                ep.finish = Some(if out.done {
+                    Finish::Stop
+                } else {
+                    Finish::Length
+                });
+                break;
+            }
+            let Some(obs) = out.observation else {
+                return dropped("no_observation", "a step that is not done sent nothing");
+            };
+            let stop = response
+                .tokens
+                .last()
+                .copied()
+                .filter(|t| self.stop_tokens.contains(t));
+            let rendered = match self.renderer.after_turn(&obs, stop) {
+                Ok(r) => r,
+                Err(e) => return dropped("bad_observation", &e.to_string()),
+            };
+            if rendered.truncated {
+                counter!(names::OBSERVATIONS_TRUNCATED).increment(1);
+            }
+            if ep.tokens.len() + rendered.tokens.len() >= self.limits.max_tokens {
+                break;
+            }
+            let version = ep.versions.last().copied().unwrap_or(0);
+            let n = rendered.tokens.len();
+            ep.observation_tokens += n;
+            ep.tokens.extend(rendered.tokens);
+            ep.logprobs.extend(std::iter::repeat_n(0.0, n));
+            ep.versions.extend(std::iter::repeat_n(version, n));
+            ep.mask.extend(std::iter::repeat_n(0, n));
+            ep.turn_ids.extend(std::iter::repeat_n(turn, n));
+        }
+        EpisodeEnd::Done(Box::new(ep))
+    }
+
+    /// Appends the model's turn to `ep` and sends it; the answer's reward
+    /// is checked against the declared range and added.
+    fn step(
+        &self,
+        id: &str,
+        response: &Response,
+        turn: u32,
+        ep: &mut Episode,
+    ) -> Result<StepOutcome, EnvError> {
+        let visible = match response.tokens.last() {
+            Some(t) if self.stop_tokens.contains(t) => {
+                &response.tokens[..response.tokens.len() - 1]
+            }
+            _ => &response.tokens[..],
+        };
+        let text = self.tokenizer.decode(visible).unwrap_or_default();
+        let n = response.tokens.len();
+        ep.tokens.extend(&response.tokens);
+        ep.logprobs.extend(&response.logprobs);
+        ep.versions.extend(&response.versions);
+        ep.mask.extend(std::iter::repeat_n(1, n));
+        ep.turn_ids.extend(std::iter::repeat_n(turn, n));
+        ep.turns += 1;
+        let sent = Turn {
+            text: &text,
+            tokens: &response.tokens,
+            truncated: response.finish == Some(Finish::Length),
+            index: turn,
+        };
+        let out = self.call("step", || self.env.step(id, sent))?;
+        let (lo, hi) = (self.info.min_reward, self.info.max_reward);
+        if !(out.reward.is_finite() && out.reward >= lo && out.reward <= hi) {
+            return Err(EnvError::new(
+                "bad_reward",
+                format!(
+                    "step reward {} outside the declared [{lo}, {hi}]",
+                    out.reward
+                ),
+                false,
+            ));
+        }
+        ep.reward += out.reward;
+        if out.info.get("tool_call").is_some_and(|v| v == "1") {
+            ep.tool_calls += 1;
+            counter!(names::TOOL_CALLS).increment(1);
+        }
+        ep.info.extend(out.info.clone());
+        ep.final_text = text;
+        Ok(out)
+    }
+
+    /// One environment call on the slot's thread, each attempt bounded by
+    /// the call timeout, retried as configured, its latency recorded.
+    fn call<'a, T, F>(&'a self, what: &'static str, f: impl Fn() -> F) -> Result<T, EnvError>
+    where
+        F: std::future::Future<Output = Result<T, EnvError>> + 'a,
+    {
+        let timeout = self.limits.call_timeout;
+        let t0 = Instant::now();
+        let r = self.handle.block_on(with_retries(self.retry, what, || {
+            let fut = f();
+            async move {
+                match tokio::time::timeout(timeout, fut).await {
+                    Ok(r) => r,
+                    Err(_) => Err(EnvError::new(
+                        "timeout",
+                        format!("no answer within {} ms", timeout.as_millis()),
+                        true,
+                    )),
+                }
+            }
+        }));
+        histogram!(names::ENV_SECONDS, "call" => what).record(t0.elapsed().as_secs_f64());
+        r
+    }
+}
+
+fn dropped(reason: &'static str, detail: &str) -> EpisodeEnd {
+    counter!(names::EPISODES_DROPPED, "reason" => reason).increment(1);
+    tracing::warn!("episode dropped ({reason}): {detail}");
+    EpisodeEnd::Dropped(reason)
+}
+
+/// What packing a group of episodes needs besides the episodes.
+pub struct EpisodePacking<'a> {
+    pub packing: &'a crate::rollout::Packing<'a>,
+    pub task: &'a dyn bapo_tasks::Task,
+    pub problem: &'a bapo_tasks::Problem,
+}
+
+/// The group's wire rollouts: one per episode, shaping laid on the
+/// episode's reward (its format check on the final turn, its length
+/// counted in the model's tokens only).
+pub fn pack(
+    p: &EpisodePacking<'_>,
+    episodes: Vec<Episode>,
+    origin: &crate::rollout::Origin<'_>,
+) -> Vec<bapo_proto::v1::Rollout> {
+    use bapo_proto::{packed, v1};
+    let sampling = v1::SamplingParams {
+        temperature: p.packing.sampling.temperature,
+        top_k: u32::try_from(p.packing.sampling.top_k).unwrap_or(u32::MAX),
+        top_p: p.packing.sampling.top_p,
+    };
+    episodes
+        .into_iter()
+        .enumerate()
+        .map(|(i, ep)| {
+            let model_tokens = ep.tokens.len() - ep.observation_tokens;
+            let well_formed = p.task.well_formed(p.problem, &ep.final_text);
+            let reward = p
+                .packing
+                .shaping
+                .apply(ep.reward, well_formed, model_tokens);
+            let finish = match ep.finish {
+                Some(Finish::Stop) => v1::FinishReason::Stop,
+                _ => v1::FinishReason::Length,
+            };
+            let mut metadata: std::collections::HashMap<String, String> = [
+                ("problem_id", p.problem.id.clone()),
+                ("reward_source", p.packing.source.to_string()),
+                ("turns", ep.turns.to_string()),
+                ("tool_calls", ep.tool_calls.to_string()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+            for (k, v) in &ep.info {
+                metadata.insert(format!("env.{k}"), v.clone());
+            }
+            v1::Rollout {
+                rollout_id: format!("{}/{i}", origin.group_id),
+                group_id: origin.group_id.to_string(),
+                prompt_tokens: packed::pack_u32(&ep.prompt),
+                response_tokens: packed::pack_u32(&ep.tokens),
+                behavior_logprobs: packed::pack_f32(&ep.logprobs),
+                token_versions: packed::pack_u32(&ep.versions),
+                reward,
+                token_rewards: Default::default(),
+                finish_reason: finish as i32,
+                actor_id: origin.actor_id.to_string(),
+                task: p.packing.task.to_string(),
+                metadata,
+                learner_incarnation: origin.incarnation,
+                sampling: Some(sampling),
+                loss_mask: ep.mask.into(),
+                turn_ids: packed::pack_u32(&ep.turn_ids),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bapo_policy::tokenizer::TextTokenizer;
+    use bapo_tasks::{ArithTool, Task};
+
+    use super::*;
+    use crate::env::{builtin::Calculator, config::TruncateSide};
+
+    /// Plays the given turns, each made by weights one version newer.
+    struct Script {
+        tok: TextTokenizer,
+        turns: Vec<&'static str>,
+        contexts: Vec<Vec<u32>>,
+    }
+
+    impl Model for Script {
+        fn turn(&mut self, context: &[u32], max_new: usize, turn: u32) -> TurnMade {
+            self.contexts.push(context.to_vec());
+            let mut tokens = self.tok.encode(self.turns[turn as usize]).unwrap();
+            let finish = if tokens.len() > max_new {
+                tokens.truncate(max_new);
+                Finish::Length
+            } else {
+                Finish::Stop
+            };
+            let n = tokens.len();
+            TurnMade::Turn(
+                Response {
+                    tokens,
+                    logprobs: vec![-0.5; n],
+                    versions: vec![turn + 3; n],
+                    finish: Some(finish),
+                },
+                7,
+            )
+        }
+    }
+
+    fn run(turns: Vec<&'static str>, limits: Limits) -> (EpisodeEnd, Script, TextTokenizer) {
+        let task: Arc<dyn Task> = Arc::new(ArithTool::new(0, 2).unwrap());
+        let problem = task.train_problem(0);
+        let env = Calculator::new(task.clone());
+        let tok = TextTokenizer::char_level();
+        let renderer = Renderer::new(Arc::new(tok.clone()), None, None, 32, TruncateSide::Right);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let info = rt.block_on(env.describe()).unwrap();
+        let stop = [tok.token_id("<eos>").unwrap()];
+        let runner = Runner {
+            env: &env,
+            info: &info,
+            renderer: &renderer,
+            tokenizer: &tok,
+            stop_tokens: &stop,
+            limits,
+            retry: Retry {
+                retries: 0,
+                backoff: Duration::from_millis(1),
+            },
+            handle: rt.handle(),
+        };
+        let turns = turns
+            .into_iter()
+            .map(|t| match t {
+                "CALL" => Box::leak(
+                    format!("<call>{}</call><eos>", problem.prompt.trim_end_matches('='))
+                        .into_boxed_str(),
+                ) as &str,
+                "ANSWER" => Box::leak(format!("{}<eos>", problem.answer).into_boxed_str()),
+                t => t,
+            })
+            .collect();
+        let mut script = Script {
+            tok: tok.clone(),
+            turns,
+            contexts: Vec::new(),
+        };
+        let input = ResetInput {
+            task: "arith-tool",
+            problem: &problem,
+            seed: 0,
+        };
+        let end = runner.run(input, &mut script);
+        (end, script, tok)
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            max_turns: 4,
+            max_tokens: 128,
+            turn_tokens: 32,
+            call_timeout: Duration::from_secs(1),
+            deadline: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn a_tool_call_then_an_answer_makes_one_masked_rollout() {
+        let (end, script, tok) = run(vec!["CALL", "ANSWER"], limits());
+        let EpisodeEnd::Done(ep) = end else {
+            panic!("{end:?}")
+        };
+        assert_eq!((ep.turns, ep.tool_calls, ep.reward), (2, 1, 1.0));
+        assert_eq!(ep.finish, Some(Finish::Stop));
+        let text = |mask: u8| {
+            let ids: Vec<u32> = ep
+                .tokens
+                .iter()
+                .zip(&ep.mask)
+                .filter(|(_, m)| **m == mask)
+                .map(|(t, _)| *t)
+                .collect();
+            tok.decode(&ids).unwrap()
+        };
+        assert!(text(0).starts_with("<result>") && text(0).ends_with("</result>"));
+        assert_eq!(ep.observation_tokens, text(0).len());
+        assert!(text(1).starts_with("<call>"));
+        // Observation tokens: no log-prob, the version and turn before them.
+        for (j, &m) in ep.mask.iter().enumerate() {
+            if m == 0 {
+                assert_eq!(
+                    (ep.logprobs[j], ep.versions[j], ep.turn_ids[j]),
+                    (0.0, 3, 0)
+                );
+            }
+        }
+        assert_eq!(*ep.turn_ids.last().unwrap(), 1);
+        assert_eq!(*ep.versions.last().unwrap(), 4, "turn 2 by newer weights");
+        // The second turn saw the first turn and the result, unchanged.
+        assert_eq!(
+            script.contexts[1],
+            [
+                ep.prompt.clone(),
+                ep.tokens[..script.contexts[1].len() - ep.prompt.len()].to_vec()
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn the_turn_limit_ends_an_episode_unrewarded() {
+        let l = Limits {
+            max_turns: 2,
+            ..limits()
+        };
+        let (end, _, _) = run(vec!["CALL", "CALL", "ANSWER"], l);
+        let EpisodeEnd::Done(ep) = end else {
+            panic!("{end:?}")
+        };
+        assert_eq!(
+            (ep.turns, ep.reward, ep.finish),
+            (2, 0.0, Some(Finish::Length))
+        );
+        let l = Limits {
+            max_tokens: 20,
+            ..limits()
+        };
+        let (end, _, _) = run(vec!["CALL", "ANSWER"], l);
+        let EpisodeEnd::Done(ep) = end else {
+            panic!("{end:?}")
+        };
+        assert!(ep.tokens.len() <= 20 && ep.finish == Some(Finish::Length));
+    }
+}

@@ -1,0 +1,313 @@
+//! A user's `bapo.v1.EnvironmentService`, one episode per group member.
+//!
+//! Every answer is checked before it is used: observations within
+//! [`MAX_OBSERVATION_BYTES`], token ids packed whole, info maps bounded,
+//! rewards finite (the declared range is checked per step by the episode).
+//! A server that no longer knows an episode (it restarted) answers
+//! NOT_FOUND, and the episode is dropped without a retry.
+
+use std::time::Duration;
+
+use bapo_proto::{
+    packed,
+    v1::{
+        self, CloseRequest, DescribeEnvRequest, ResetRequest, StepRequest,
+        environment_service_client::EnvironmentServiceClient,
+    },
+};
+use tonic::{
+    Code,
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint},
+};
+
+use super::{
+    EnvConfig, EnvError, EnvInfo, Environment, Message, Observation, ResetInput, Started,
+    StepOutcome, Turn,
+};
+use crate::reward::BoxFuture;
+
+/// Largest observation accepted, contents or token ids, in bytes.
+pub const MAX_OBSERVATION_BYTES: usize = 1 << 20;
+/// Most `info` entries per step, and longest key and value in bytes.
+pub const MAX_INFO_ENTRIES: usize = 16;
+pub const MAX_INFO_BYTES: usize = 256;
+
+pub struct Remote {
+    client: EnvironmentServiceClient<Channel>,
+    url: String,
+}
+
+impl Remote {
+    /// A lazily connected client of `url` (from [`EnvConfig::validate`]).
+    pub fn new(cfg: &EnvConfig, url: &str, tls: bool) -> anyhow::Result<Self> {
+        let mut ep = Endpoint::from_shared(url.to_string())?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        if tls {
+            bapo_proto::tls::install_default_provider();
+            let ca_path = cfg.ca.as_ref().expect("checked: grpcs has a CA");
+            let ca = std::fs::read(ca_path)
+                .map_err(|e| anyhow::anyhow!("reading actor.env.ca {}: {e}", ca_path.display()))?;
+            let mut t = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+            if let Some(name) = &cfg.server_name {
+                t = t.domain_name(name.clone());
+            }
+            ep = ep.tls_config(t)?;
+        }
+        Ok(Self {
+            client: EnvironmentServiceClient::new(ep.connect_lazy()),
+            url: url.to_string(),
+        })
+    }
+
+    fn failed(&self, what: &str, s: &tonic::Status) -> EnvError {
+        let (reason, retryable) = match s.code() {
+            Code::DeadlineExceeded | Code::Cancelled => ("timeout", true),
+            Code::Unavailable => ("unavailable", true),
+            Code::ResourceExhausted => ("capacity", true),
+            Code::NotFound => ("not_found", false),
+            Code::InvalidArgument | Code::FailedPrecondition => ("refused", false),
+            _ => ("error", true),
+        };
+        EnvError::new(
+            reason,
+            format!("{what} at {}: {}: {}", self.url, s.code(), s.message()),
+            retryable,
+        )
+    }
+}
+
+fn garbage(message: String) -> EnvError {
+    EnvError::new("garbage", message, false)
+}
+
+/// An observation off the wire, checked; `None` when it carries nothing.
+pub fn observation(o: Option<v1::Observation>) -> Result<Option<Observation>, EnvError> {
+    let Some(o) = o else { return Ok(None) };
+    if !o.token_ids.is_empty() {
+        if o.token_ids.len() > MAX_OBSERVATION_BYTES {
+            return Err(garbage(format!(
+                "observation of {} token bytes, over {MAX_OBSERVATION_BYTES}",
+                o.token_ids.len()
+            )));
+        }
+        let ids = packed::unpack_u32(&o.token_ids)
+            .map_err(|e| garbage(format!("observation token_ids: {e}")))?;
+        return Ok(Some(Observation::Tokens(ids)));
+    }
+    let bytes: usize = o
+        .messages
+        .iter()
+        .map(|m| m.content.len() + m.role.len())
+        .sum();
+    if bytes > MAX_OBSERVATION_BYTES {
+        return Err(garbage(format!(
+            "observation of {bytes} bytes, over {MAX_OBSERVATION_BYTES}"
+        )));
+    }
+    if let Some(m) = o.messages.iter().find(|m| m.role.is_empty()) {
+        return Err(garbage(format!(
+            "an observation message without a role ({:?}...)",
+            m.content.chars().take(40).collect::<String>()
+        )));
+    }
+    if o.messages.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Observation::Messages(
+        o.messages
+            .into_iter()
+            .map(|m| Message {
+                role: m.role,
+                content: m.content,
+            })
+            .collect(),
+    )))
+}
+
+/// A step's answer off the wire, checked.
+pub fn step_outcome(r: v1::StepResponse) -> Result<StepOutcome, EnvError> {
+    if !r.reward.is_finite() {
+        return Err(garbage(format!("step reward {} is not finite", r.reward)));
+    }
+    if r.info.len() > MAX_INFO_ENTRIES
+        || r.info
+            .iter()
+            .any(|(k, v)| k.len() > MAX_INFO_BYTES || v.len() > MAX_INFO_BYTES)
+    {
+        return Err(garbage(format!(
+            "info of {} entries: at most {MAX_INFO_ENTRIES}, keys and values of at most \
+             {MAX_INFO_BYTES} bytes",
+            r.info.len()
+        )));
+    }
+    Ok(StepOutcome {
+        observation: observation(r.observation)?,
+        reward: r.reward,
+        done: r.done,
+        truncated: r.truncated,
+        info: r.info.into_iter().collect(),
+    })
+}
+
+impl Environment for Remote {
+    fn describe(&self) -> BoxFuture<'_, Result<EnvInfo, EnvError>> {
+        let mut client = self.client.clone();
+        Box::pin(async move {
+            let r = client
+                .describe(DescribeEnvRequest {})
+                .await
+                .map_err(|s| self.failed("Describe", &s))?
+                .into_inner();
+            let ok = r.min_reward.is_finite() && r.max_reward.is_finite();
+            if !ok || r.min_reward > r.max_reward {
+                return Err(garbage(format!(
+                    "declared reward range [{}, {}] is not a range",
+                    r.min_reward, r.max_reward
+                )));
+            }
+            Ok(EnvInfo {
+                name: r.name,
+                max_turns: r.max_turns,
+                min_reward: r.min_reward,
+                max_reward: r.max_reward,
+            })
+        })
+    }
+
+    fn reset<'a>(&'a self, input: ResetInput<'a>) -> BoxFuture<'a, Result<Started, EnvError>> {
+        let mut client = self.client.clone();
+        let req = ResetRequest {
+            task: input.task.to_string(),
+            problem_id: input.problem.id.clone(),
+            prompt: input.problem.prompt.clone(),
+            answer: input.problem.answer.clone(),
+            metadata: Default::default(),
+            seed: input.seed,
+        };
+        Box::pin(async move {
+            let r = client
+                .reset(req)
+                .await
+                .map_err(|s| self.failed("Reset", &s))?
+                .into_inner();
+            if r.episode_id.is_empty() || r.episode_id.len() > MAX_INFO_BYTES {
+                return Err(garbage(format!(
+                    "episode_id of {} bytes (1 to {MAX_INFO_BYTES})",
+                    r.episode_id.len()
+                )));
+            }
+            let observation = observation(r.observation)?
+                .ok_or_else(|| garbage("Reset answered no first observation".into()))?;
+            Ok(Started {
+                episode_id: r.episode_id,
+                observation,
+            })
+        })
+    }
+
+    fn step<'a>(
+        &'a self,
+        episode_id: &'a str,
+        turn: Turn<'a>,
+    ) -> BoxFuture<'a, Result<StepOutcome, EnvError>> {
+        let mut client = self.client.clone();
+        let req = StepRequest {
+            episode_id: episode_id.to_string(),
+            message: turn.text.to_string(),
+            token_ids: packed::pack_u32(turn.tokens),
+            truncated: turn.truncated,
+            turn: turn.index,
+        };
+        Box::pin(async move {
+            let r = client
+                .step(req)
+                .await
+                .map_err(|s| self.failed("Step", &s))?
+                .into_inner();
+            step_outcome(r)
+        })
+    }
+
+    fn close<'a>(&'a self, episode_id: &'a str) -> BoxFuture<'a, ()> {
+        let mut client = self.client.clone();
+        let req = CloseRequest {
+            episode_id: episode_id.to_string(),
+        };
+        Box::pin(async move {
+            if let Err(s) = client.close(req).await {
+                tracing::debug!("environment Close of {episode_id}: {s}");
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_that_break_the_contract_are_refused_by_name() {
+        let big = v1::Observation {
+            messages: vec![v1::EnvMessage {
+                role: "tool".into(),
+                content: "x".repeat(MAX_OBSERVATION_BYTES + 1),
+            }],
+            ..Default::default()
+        };
+        assert_eq!(observation(Some(big)).unwrap_err().reason, "garbage");
+        let ragged = v1::Observation {
+            token_ids: vec![1u8, 2, 3].into(),
+            ..Default::default()
+        };
+        assert!(
+            observation(Some(ragged))
+                .unwrap_err()
+                .message
+                .contains("token_ids")
+        );
+        let roleless = v1::Observation {
+            messages: vec![v1::EnvMessage::default()],
+            ..Default::default()
+        };
+        assert!(
+            observation(Some(roleless))
+                .unwrap_err()
+                .message
+                .contains("role")
+        );
+        let nan = v1::StepResponse {
+            reward: f32::NAN,
+            ..Default::default()
+        };
+        assert!(
+            step_outcome(nan)
+                .unwrap_err()
+                .message
+                .contains("not finite")
+        );
+        let chatty = v1::StepResponse {
+            info: (0..20).map(|i| (i.to_string(), String::new())).collect(),
+            ..Default::default()
+        };
+        assert!(step_outcome(chatty).unwrap_err().message.contains("info"));
+        let ok = v1::StepResponse {
+            observation: Some(v1::Observation {
+                messages: vec![v1::EnvMessage {
+                    role: "tool".into(),
+                    content: "<result>4</result>".into(),
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let out = step_outcome(ok).unwrap();
+        assert_eq!(
+            out.observation,
+            Some(Observation::Messages(vec![Message::new(
+                "tool",
+                "<result>4</result>"
+            )]))
+        );
+    }
+}

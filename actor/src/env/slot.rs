@@ -1,0 +1,97 @@
+//! A slot's engine as the episode loop's [`Model`]: each turn starts from
+//! the newest weights the slot has, and the Burn engine takes newer ones
+//! mid-turn in partial mode, exactly as a single-turn group does.
+
+use std::sync::{Arc, atomic::AtomicBool};
+
+use bapo_policy::SamplingParams;
+use metrics::counter;
+use tokio::{runtime::Handle, sync::watch};
+
+use super::episode::{Model, TurnMade};
+use crate::{
+    config::UpdateMode,
+    metrics as names,
+    rollout::{Outcome, follow_cell, generate},
+    subscription::PolicyCell,
+    vllm,
+};
+
+/// What makes a slot's turns.
+#[derive(Clone)]
+pub enum Engine {
+    Burn,
+    Vllm(Arc<vllm::Engine>),
+}
+
+/// One group member's turns.
+pub struct SlotModel {
+    pub engine: Engine,
+    pub cell: PolicyCell,
+    pub mode: UpdateMode,
+    pub params: SamplingParams,
+    /// Mixed into every turn's sampling seed, with the turn.
+    pub member: u64,
+    pub abort: Arc<AtomicBool>,
+    pub abort_rx: watch::Receiver<bool>,
+    pub handle: Handle,
+}
+
+impl SlotModel {
+    fn params(&self, max_new: usize, turn: u32) -> SamplingParams {
+        let mut p = self.params.clone();
+        p.max_new_tokens = max_new;
+        p.seed = crate::run::fnv1a(&format!("{}-{}-{turn}", self.params.seed, self.member));
+        p
+    }
+}
+
+impl Model for SlotModel {
+    fn turn(&mut self, context: &[u32], max_new: usize, turn: u32) -> TurnMade {
+        let Some(start) = self.cell.borrow_and_update().clone() else {
+            return TurnMade::Skip("no_weights");
+        };
+        let room = start
+            .policy
+            .config
+            .max_position_embeddings
+            .saturating_sub(context.len());
+        if room == 0 {
+            return TurnMade::Skip("context_too_long");
+        }
+        let params = self.params(max_new.min(room), turn);
+        let engine = match &self.engine {
+            Engine::Burn => {
+                let (mode, abort) = (self.mode, self.abort.clone());
+                let updates = &mut follow_cell(&mut self.cell);
+                return match generate(start, updates, context, 1, &params, mode, &abort) {
+                    Outcome::Done {
+                        mut responses,
+                        incarnation,
+                    } => TurnMade::Turn(responses.remove(0), incarnation),
+                    Outcome::Aborted => TurnMade::Stop,
+                };
+            }
+            Engine::Vllm(e) => e.clone(),
+        };
+        let mut abort = self.abort_rx.clone();
+        let made = self.handle.block_on(async {
+            tokio::select! {
+                r = engine.generate(context, 1, &params, &self.abort) => Some(r),
+                _ = abort.wait_for(|a| *a) => None,
+            }
+        });
+        match made {
+            None | Some(Ok(Outcome::Aborted)) => TurnMade::Stop,
+            Some(Ok(Outcome::Done {
+                mut responses,
+                incarnation,
+            })) => TurnMade::Turn(responses.remove(0), incarnation),
+            Some(Err(e)) => {
+                counter!(names::PROBLEMS_SKIPPED, "reason" => "engine_turn").increment(1);
+                tracing::warn!("vLLM: {e}; episode dropped");
+                TurnMade::Skip("engine")
+            }
+        }
+    }
+}
