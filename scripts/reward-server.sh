@@ -7,7 +7,8 @@
 #
 # Needs only Python >= 3.10 (3.11 tested) with venv/pip and access to PyPI.
 # The venv lives outside the repository, at $BAPO_REWARD_VENV (default
-# ~/.cache/bapo/reward-venv); the Python stubs for proto/reward.proto are
+# ~/.cache/bapo/reward-venv); the Python stubs for proto/reward.proto (and
+# proto/environment.proto: scripts/env-server.sh shares this venv) are
 # generated into $VENV/stubs and found by server.py through
 # $BAPO_REWARD_STUBS. $BAPO_PYTHON picks the interpreter (default python3).
 set -euo pipefail
@@ -16,6 +17,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 APP="$ROOT/examples/reward-server"
 REQS="$APP/requirements.txt"
 PROTO="$ROOT/proto/reward.proto"
+# Stubs for the environment server too (examples/env-server), same packages.
+PROTOS=("$PROTO" "$ROOT/proto/environment.proto")
 VENV="${BAPO_REWARD_VENV:-$HOME/.cache/bapo/reward-venv}"
 STUBS="$VENV/stubs"
 STAMP="$VENV/.bapo-reward-stamp"
@@ -23,13 +26,13 @@ PY="${BAPO_PYTHON:-python3}"
 
 die() { echo "reward-server.sh: error: $*" >&2; exit 1; }
 
-# What the venv was built from: the pins and the proto.
-stamp() { cat "$REQS" "$PROTO" | sha256sum | cut -d' ' -f1; }
+# What the venv was built from: the pins and the protos.
+stamp() { cat "$REQS" "${PROTOS[@]}" | sha256sum | cut -d' ' -f1; }
 
 up_to_date() { [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$(stamp)" ]]; }
 
 setup() {
-  [[ -f "$REQS" && -f "$PROTO" ]] || die "missing $REQS or $PROTO"
+  for f in "$REQS" "${PROTOS[@]}"; do [[ -f "$f" ]] || die "missing $f"; done
   up_to_date && return 0
   # One build at a time (parallel test runs may all call serve); re-check
   # once the lock is ours. The subshell holds the lock, so a server that
@@ -55,8 +58,8 @@ build() {
   # Stubs into the venv, never into the repository.
   rm -rf "$STUBS" && mkdir -p "$STUBS"
   "$VENV/bin/python" -m grpc_tools.protoc -I "$(dirname "$PROTO")" \
-    --python_out="$STUBS" --grpc_python_out="$STUBS" "$PROTO" >&2 \
-    || die "protoc failed on $PROTO"
+    --python_out="$STUBS" --grpc_python_out="$STUBS" "${PROTOS[@]}" >&2 \
+    || die "protoc failed on ${PROTOS[*]}"
   stamp >"$STAMP"
 }
 

@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from verifiers import Item, MalformedItem, Result, Verifier  # noqa: E402
-from verifiers.code import CodeVerifier, extract_program  # noqa: E402
+from verifiers.code import CodeVerifier, extract_program, python_block  # noqa: E402
 from verifiers.math import (  # noqa: E402
     MathVerifier,
     extract_final_number,
@@ -128,6 +128,17 @@ class CodeVerifierTest(unittest.TestCase):
         self.assertEqual(extract_program("```\ny = 3\n```"), "y = 3\n")
         self.assertEqual(extract_program("```py\nz = 4\n```\n```\nplain\n```"), "z = 4\n")
         self.assertEqual(extract_program("def f(): pass"), "def f(): pass")
+        self.assertEqual(python_block("```py\nz = 4\n```\n```\nplain\n```"), "z = 4\n")
+        self.assertIsNone(python_block("```\nplain\n```"))
+
+    def test_program_output(self):
+        # The program's own output, without the harness's lines (the
+        # environment server shows it to the model).
+        out = self.v.run("import sys\nprint('hi')\nprint('oops', file=sys.stderr)", "")
+        self.assertTrue(out.passed)
+        self.assertEqual((out.stdout, out.stdout_bytes, out.stderr_bytes), ("hi\n", 3, 5))
+        out = self.v.run("print('x' * 100, end='')\nraise SystemExit(2)", "", output_bytes=10)
+        self.assertEqual((out.stdout, out.stdout_bytes, out.exit_code), ("x" * 10, 100, 2))
 
     def test_passing_program(self):
         completion = "Sure.\n```python\ndef add(a, b):\n    return a + b\n```\n"

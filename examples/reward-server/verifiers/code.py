@@ -93,16 +93,22 @@ with open("probe.txt", "w") as f:
 '''
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
+_PYTHON_LANGS = ("python", "py", "python3")
+
+
+def python_block(text: str) -> Optional[str]:
+    """The last ```python (or ```py, ```python3) block, or None."""
+    python = [body for lang, body in _FENCE.findall(text) if lang.lower() in _PYTHON_LANGS]
+    return python[-1] if python else None
 
 
 def extract_program(completion: str) -> str:
     """The last ```python block, else the last unlabeled ``` block, else
     the whole text."""
-    blocks = _FENCE.findall(completion)
-    python = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3")]
-    if python:
-        return python[-1]
-    plain = [body for lang, body in blocks if not lang]
+    python = python_block(completion)
+    if python is not None:
+        return python
+    plain = [body for lang, body in _FENCE.findall(completion) if not lang]
     if plain:
         return plain[-1]
     return completion
@@ -116,6 +122,12 @@ class RunOutcome:
     elapsed_s: float
     stdout_tail: str
     stderr_tail: str
+    # The program's own stdout (the harness's lines removed), its last
+    # `output_bytes`, and the full sizes of both streams: for callers that
+    # show a program its output (the environment server's python sandbox).
+    stdout: str = ""
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
 
 
 class SandboxError(RuntimeError):
@@ -133,12 +145,28 @@ def _tail(path: str, n: int = 2048) -> bytes:
         return b""
 
 
+def _slice(path: str, start: int, end: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            return f.read(max(0, end - start))
+    except OSError:
+        return b""
+
+
 def _head(path: str, n: int) -> bytes:
     try:
         with open(path, "rb") as f:
             return f.read(n)
     except OSError:
         return b""
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _rmtree(path: str) -> None:
@@ -289,8 +317,9 @@ class CodeVerifier(Verifier):
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
     def run(self, program: str, tests: str, mode: Optional[str] = None,
-            timeout_s: Optional[float] = None) -> RunOutcome:
-        """Runs program + tests once in the sandbox."""
+            timeout_s: Optional[float] = None, output_bytes: int = 2048) -> RunOutcome:
+        """Runs program + tests once in the sandbox. `output_bytes`: how
+        much of the end of stderr (and of the program's stdout) to keep."""
         mode = mode or self.isolation
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         workdir = tempfile.mkdtemp(prefix="bapo-code-")
@@ -342,7 +371,7 @@ class CodeVerifier(Verifier):
             elapsed = time.monotonic() - start
             head = _head(out_path, len(STARTED))
             stdout_tail = _tail(out_path)
-            stderr_tail = _tail(err_path)
+            stderr_tail = _tail(err_path, output_bytes)
             if head != STARTED and not timed_out:
                 raise SandboxError(
                     f"{mode} sandbox did not start the program (exit {proc.returncode}): "
@@ -353,6 +382,11 @@ class CodeVerifier(Verifier):
                 and proc.returncode == 0
                 and stdout_tail.rstrip(b"\n").endswith(b"\n" + token.encode())
             )
+            # The program's stdout lies between the harness's start line and,
+            # once the tests ran to the end, its "\n" + token + "\n".
+            token_line = b"\n" + token.encode() + b"\n"
+            first = len(STARTED) if head == STARTED else 0
+            end = _size(out_path) - (len(token_line) if stdout_tail.endswith(token_line) else 0)
             return RunOutcome(
                 passed=passed,
                 timed_out=timed_out,
@@ -360,6 +394,9 @@ class CodeVerifier(Verifier):
                 elapsed_s=elapsed,
                 stdout_tail=stdout_tail.decode("utf-8", "replace"),
                 stderr_tail=stderr_tail.decode("utf-8", "replace"),
+                stdout=_slice(out_path, max(first, end - output_bytes), end).decode("utf-8", "replace"),
+                stdout_bytes=max(0, end - first),
+                stderr_bytes=_size(err_path),
             )
         finally:
             _rmtree(workdir)
