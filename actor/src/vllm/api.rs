@@ -6,19 +6,13 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::{
-    client::legacy::{Client, connect::HttpConnector},
-    rt::TokioExecutor,
-};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 /// A vLLM server's base URL and the model name it serves.
 #[derive(Clone)]
 pub struct Api {
-    http: Client<HttpConnector, Full<Bytes>>,
+    http: crate::http::Http,
     base: String,
     model: String,
 }
@@ -101,7 +95,7 @@ pub enum Pause {
 impl Api {
     pub fn new(base: &str, model: &str) -> Self {
         Self {
-            http: Client::builder(TokioExecutor::new()).build_http(),
+            http: crate::http::Http::default(),
             base: base.trim_end_matches('/').to_string(),
             model: model.to_string(),
         }
@@ -266,37 +260,13 @@ impl Api {
         body: Option<Value>,
         timeout: Duration,
     ) -> Result<(u16, String), ApiError> {
-        let unreachable = |why: String| ApiError::Unreachable {
-            route: route.to_string(),
-            why,
-        };
-        let mut req = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{}{route}", self.base));
-        if body.is_some() {
-            req = req.header("content-type", "application/json");
-        }
-        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
-        let req = req
-            .body(Full::new(Bytes::from(bytes)))
-            .map_err(|e| unreachable(e.to_string()))?;
-        let exchange = async {
-            let resp = self
-                .http
-                .request(req)
-                .await
-                .map_err(|e| unreachable(e.to_string()))?;
-            let status = resp.status().as_u16();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| unreachable(e.to_string()))?
-                .to_bytes();
-            Ok((status, String::from_utf8_lossy(&body).into_owned()))
-        };
-        tokio::time::timeout(timeout, exchange)
+        let url = format!("{}{route}", self.base);
+        self.http
+            .exchange(method, &url, body, timeout)
             .await
-            .map_err(|_| unreachable(format!("no answer within {timeout:?}")))?
+            .map_err(|why| ApiError::Unreachable {
+                route: route.to_string(),
+                why,
+            })
     }
 }
