@@ -132,6 +132,11 @@ pub enum ConfigError {
     TopP(f32),
     #[error("{0}")]
     Env(#[from] EnvConfigError),
+    #[error(
+        "actor.concurrency = {concurrency} slots would open more OpenEnv sessions than \
+         actor.env.openenv.max_sessions = {sessions}"
+    )]
+    OpenEnvSessions { concurrency: usize, sessions: usize },
 }
 
 impl ActorConfig {
@@ -161,6 +166,13 @@ impl ActorConfig {
             self.vllm.validate()?;
         }
         self.env.validate()?;
+        let sessions = self.env.openenv.max_sessions;
+        if self.env.kind == crate::env::EnvKind::Openenv && self.concurrency > sessions {
+            return Err(ConfigError::OpenEnvSessions {
+                concurrency: self.concurrency,
+                sessions,
+            });
+        }
         Ok(())
     }
 }

@@ -17,6 +17,42 @@ pub enum EnvKind {
     Builtin,
     /// A `bapo.v1.EnvironmentService` at `endpoint`.
     Grpc,
+    /// An OpenEnv server at `endpoint` (`http://host:port`), spoken to over
+    /// its stateful WebSocket protocol (`[actor.env.openenv]`).
+    Openenv,
+}
+
+/// How bapo's turns and observations map onto an OpenEnv environment's
+/// action and observation JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OpenEnvConfig {
+    /// The action of a turn, as JSON: every `{text}` in a string value is
+    /// replaced by the turn's text (checked against the server's
+    /// `/schema` at start).
+    pub action: String,
+    /// The observation field the model reads (dots for nested objects).
+    pub observation_field: String,
+    /// Episodes open at once per actor, at most: the server's
+    /// `max_concurrent_envs` divided among the actors. Must cover
+    /// `actor.concurrency` (each slot plays one episode at a time).
+    pub max_sessions: usize,
+    /// Rewards outside `[min_reward, max_reward]` are refused and the
+    /// episode dropped (OpenEnv declares no range).
+    pub min_reward: f32,
+    pub max_reward: f32,
+}
+
+impl Default for OpenEnvConfig {
+    fn default() -> Self {
+        Self {
+            action: r#"{"message": "{text}"}"#.into(),
+            observation_field: "text".into(),
+            max_sessions: 1,
+            min_reward: 0.0,
+            max_reward: 1.0,
+        }
+    }
 }
 
 /// Which end of an overlong observation is cut.
@@ -61,8 +97,10 @@ pub struct EnvConfig {
     pub ca: Option<PathBuf>,
     /// grpcs: the name to verify in its certificate (default: the host).
     pub server_name: Option<String>,
-    /// Allow `grpc://` (plaintext) to a host beyond loopback.
+    /// Allow plaintext (`grpc://`, or `http://` for OpenEnv) to a host
+    /// beyond loopback.
     pub insecure: bool,
+    pub openenv: OpenEnvConfig,
 }
 
 impl Default for EnvConfig {
@@ -81,6 +119,7 @@ impl Default for EnvConfig {
             ca: None,
             server_name: None,
             insecure: false,
+            openenv: OpenEnvConfig::default(),
         }
     }
 }
@@ -113,6 +152,13 @@ pub enum EnvConfigError {
          actor.env.max_episode_tokens = {episode}"
     )]
     NoRoom { obs: usize, episode: usize },
+    #[error(
+        "actor.env.endpoint = {0:?}: expected \"http://host:port\" (the OpenEnv server's \
+         base URL; its WebSocket is at /ws) with kind = \"openenv\""
+    )]
+    OpenEnvEndpoint(String),
+    #[error("actor.env.openenv.{field}: {why}")]
+    OpenEnv { field: &'static str, why: String },
 }
 
 impl EnvConfig {
@@ -147,11 +193,54 @@ impl EnvConfig {
         }
         match self.kind {
             EnvKind::Grpc => self.url().map(Some),
+            EnvKind::Openenv => self.openenv_url().map(|u| Some((u, false))),
             _ if !self.endpoint.is_empty() => {
                 Err(EnvConfigError::EndpointUnused(format!("{:?}", self.kind)))
             }
             _ => Ok(None),
         }
+    }
+
+    /// The OpenEnv server's base URL, its mapping checked.
+    fn openenv_url(&self) -> Result<String, EnvConfigError> {
+        let bad = || EnvConfigError::OpenEnvEndpoint(self.endpoint.clone());
+        let rest = self.endpoint.strip_prefix("http://").ok_or_else(bad)?;
+        let rest = rest.trim_end_matches('/');
+        let host = rest.rsplit_once(':').map(|(h, _)| h).ok_or_else(bad)?;
+        if host.is_empty() || rest.contains('/') {
+            return Err(bad());
+        }
+        let loopback = matches!(host, "127.0.0.1" | "localhost" | "[::1]");
+        if !loopback && !self.insecure {
+            return Err(EnvConfigError::Plaintext(self.endpoint.clone()));
+        }
+        if self.ca.is_some() || self.server_name.is_some() {
+            return Err(EnvConfigError::TlsOnly("ca/server_name"));
+        }
+        let o = &self.openenv;
+        let field = |field, why: String| EnvConfigError::OpenEnv { field, why };
+        let action: serde_json::Value = serde_json::from_str(&o.action)
+            .map_err(|e| field("action", format!("not JSON: {e}")))?;
+        if !action.is_object() || !o.action.contains("{text}") {
+            return Err(field(
+                "action",
+                "must be a JSON object with \"{text}\" in a string value".into(),
+            ));
+        }
+        if o.observation_field.is_empty() {
+            return Err(field("observation_field", "is empty".into()));
+        }
+        if o.max_sessions == 0 {
+            return Err(EnvConfigError::Zero("openenv.max_sessions"));
+        }
+        let finite = o.min_reward.is_finite() && o.max_reward.is_finite();
+        if !finite || o.min_reward > o.max_reward {
+            return Err(field(
+                "min_reward",
+                format!("[{}, {}] is not a range", o.min_reward, o.max_reward),
+            ));
+        }
+        Ok(format!("http://{rest}"))
     }
 
     fn url(&self) -> Result<(String, bool), EnvConfigError> {
@@ -226,5 +315,27 @@ mod tests {
             })
             .is_ok()
         );
+    }
+
+    #[test]
+    fn an_openenv_mapping_that_cannot_work_is_refused_by_name() {
+        let openenv = |f: fn(&mut EnvConfig)| {
+            with(|c| {
+                c.kind = EnvKind::Openenv;
+                c.endpoint = "http://127.0.0.1:8000".into();
+                f(c);
+            })
+        };
+        assert_eq!(
+            openenv(|_| {}),
+            Ok(Some(("http://127.0.0.1:8000".into(), false)))
+        );
+        let err = |f: fn(&mut EnvConfig)| openenv(f).unwrap_err().to_string();
+        assert!(err(|c| c.endpoint = "ws://h:1".into()).contains("http://host:port"));
+        assert!(err(|c| c.endpoint = "http://10.1.1.1:1".into()).contains("plaintext"));
+        assert!(err(|c| c.openenv.action = "{".into()).contains("openenv.action"));
+        assert!(err(|c| c.openenv.action = r#"{"m": "x"}"#.into()).contains("{text}"));
+        assert!(err(|c| c.openenv.max_sessions = 0).contains("max_sessions"));
+        assert!(err(|c| c.openenv.max_reward = -1.0).contains("not a range"));
     }
 }

@@ -16,6 +16,7 @@
 pub mod builtin;
 pub mod config;
 pub mod episode;
+pub mod openenv;
 pub mod remote;
 pub mod render;
 pub mod slot;
@@ -199,7 +200,7 @@ pub async fn setup(
     let Some(url) = (match cfg.kind {
         EnvKind::None => return Ok(None),
         EnvKind::Builtin => None,
-        EnvKind::Grpc => cfg.validate()?,
+        EnvKind::Grpc | EnvKind::Openenv => cfg.validate()?,
     }) else {
         return finish(
             cfg,
@@ -210,15 +211,22 @@ pub async fn setup(
         )
         .await;
     };
-    let remote = remote::Remote::new(cfg, &url.0, url.1)?;
-    finish(
-        cfg,
-        turn_tokens,
-        std::sync::Arc::new(remote),
-        tokenizer,
-        chat,
-    )
-    .await
+    let env: std::sync::Arc<dyn Environment> = if cfg.kind == EnvKind::Openenv {
+        let retry = Retry {
+            retries: cfg.retries,
+            backoff: Duration::from_millis(cfg.backoff_ms),
+        };
+        let timeout = Duration::from_millis(cfg.step_timeout_ms);
+        let env = with_retries(retry, "connect", || {
+            openenv::OpenEnv::connect(&url.0, &cfg.openenv, timeout)
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("[actor.env] {:?}: {e}", cfg.endpoint))?;
+        std::sync::Arc::new(env)
+    } else {
+        std::sync::Arc::new(remote::Remote::new(cfg, &url.0, url.1)?)
+    };
+    finish(cfg, turn_tokens, env, tokenizer, chat).await
 }
 
 async fn finish(
