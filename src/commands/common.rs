@@ -102,28 +102,82 @@ pub fn chat(
         .map(|t| (t, spec.system_prompt.clone())))
 }
 
+/// How a policy is scored on held-out problems: one response each, or,
+/// with `[actor.env]` on, one episode each in that environment (a tool
+/// task's accuracy then counts what the model does with its tool).
+pub enum Scorer {
+    Single {
+        task: Arc<dyn Task>,
+        tokenizer: TextTokenizer,
+        stop: Vec<u32>,
+        max_new_tokens: usize,
+    },
+    Episodes(Box<bapo_actor::env::evaluate::EpisodeEval>),
+}
+
+impl Scorer {
+    /// The scorer of `cfg`'s task, turns (or responses) of at most
+    /// `max_new_tokens`.
+    pub fn new(
+        cfg: &crate::config_file::ConfigFile,
+        task: Arc<dyn Task>,
+        tokenizer: &TextTokenizer,
+        stop: Vec<u32>,
+        max_new_tokens: usize,
+    ) -> anyhow::Result<Self> {
+        let episodes = bapo_actor::env::evaluate::EpisodeEval::new(
+            &cfg.actor.env,
+            max_new_tokens,
+            task.clone(),
+            Arc::new(tokenizer.clone()),
+            chat(&cfg.task, tokenizer)?,
+            stop.clone(),
+        )?;
+        Ok(match episodes {
+            Some(e) => Self::Episodes(Box::new(e)),
+            None => Self::Single {
+                task,
+                tokenizer: tokenizer.clone(),
+                stop,
+                max_new_tokens,
+            },
+        })
+    }
+
+    pub fn evaluate(
+        &self,
+        policy: &Policy,
+        problems: &[bapo_tasks::Problem],
+        pass: Option<bapo_policy::evaluate::PassAtK>,
+    ) -> bapo_policy::evaluate::EvalResult {
+        match self {
+            Self::Single {
+                task,
+                tokenizer,
+                stop,
+                max_new_tokens,
+            } => evaluate(
+                policy,
+                tokenizer,
+                &**task,
+                problems,
+                *max_new_tokens,
+                stop,
+                pass,
+            ),
+            Self::Episodes(e) => e.evaluate(policy, problems, pass),
+        }
+    }
+}
+
 /// Greedy accuracy on the validation half, as the learner's periodic
 /// evaluation.
-pub fn eval_hook(
-    task: Arc<dyn Task>,
-    tokenizer: TextTokenizer,
-    stop: Vec<u32>,
-    problems: usize,
-    max_new_tokens: usize,
-) -> EvalFn {
+pub fn eval_hook(task: &dyn Task, scorer: Scorer, problems: usize) -> EvalFn {
     // In-run evaluation reads the validation half: the test half is kept
     // for the one number reported at the end.
-    let problems = Split::Validation.problems(&*task, problems);
+    let problems = Split::Validation.problems(task, problems);
     Arc::new(move |p: &Policy| {
-        let r = evaluate(
-            p,
-            &tokenizer,
-            &*task,
-            &problems,
-            max_new_tokens,
-            &stop,
-            None,
-        );
+        let r = scorer.evaluate(p, &problems, None);
         vec![
             (Metric::EvalAccuracy.into(), r.greedy_accuracy),
             ("eval_reward".to_string(), r.mean_reward),

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use bapo_policy::evaluate::{EvalResult, PassAtK, evaluate};
+use bapo_policy::evaluate::{EvalResult, PassAtK};
 use bapo_tasks::Split;
 use clap::{Args, ValueEnum};
 
@@ -83,13 +83,6 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<EvalResult> {
         k: args.k,
         temperature: args.temperature.unwrap_or(cfg.actor.sampling.temperature),
     });
-    Ok(evaluate(
-        &policy,
-        &tokenizer,
-        &*task,
-        &problems,
-        args.max_new_tokens,
-        &stop,
-        pass,
-    ))
+    let scorer = common::Scorer::new(&cfg, task, &tokenizer, stop, args.max_new_tokens)?;
+    Ok(scorer.evaluate(&policy, &problems, pass))
 }

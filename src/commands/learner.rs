@@ -190,12 +190,17 @@ fn eval_hook(cfg: &ConfigFile, tokenizer: &TextTokenizer) -> anyhow::Result<Opti
         return Ok(None);
     }
     let task = common::task(&cfg.task, tokenizer)?;
-    Ok(Some(common::eval_hook(
-        task,
-        tokenizer.clone(),
+    let scorer = common::Scorer::new(
+        cfg,
+        task.clone(),
+        tokenizer,
         stop,
-        cfg.learner.eval_problems,
         cfg.learner.eval_max_new_tokens,
+    )?;
+    Ok(Some(common::eval_hook(
+        &*task,
+        scorer,
+        cfg.learner.eval_problems,
     )))
 }
 

@@ -16,6 +16,7 @@
 pub mod builtin;
 pub mod config;
 pub mod episode;
+pub mod evaluate;
 pub mod openenv;
 pub mod remote;
 pub mod render;
