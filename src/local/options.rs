@@ -82,6 +82,7 @@ impl RunOptions {
             "bapo run needs learner.steps > 0 (or --steps)"
         );
         anyhow::ensure!(c.run.actors > 0, "bapo run needs at least one actor");
+        tool_task(&mut c);
         // One number each, wherever it is read.
         c.buffer.batch_groups = c.learner.batch_groups;
         c.buffer.group_size = c.actor.group_size as u32;
@@ -91,5 +92,60 @@ impl RunOptions {
         c.buffer.validate()?;
         c.actor.validate()?;
         Ok(c)
+    }
+}
+
+/// A tool task plays episodes: with no `[actor.env]`, the built-in
+/// calculator; turns (sampled and evaluated) long enough for a call.
+fn tool_task(c: &mut ConfigFile) {
+    if c.task.name != "arith-tool" {
+        return;
+    }
+    if !c.actor.env.enabled() {
+        tracing::info!(
+            "task arith-tool: episodes with the built-in calculator ([actor.env] kind = \"builtin\")"
+        );
+        c.actor.env.kind = bapo_actor::env::EnvKind::Builtin;
+    }
+    let need = bapo_tasks::tool::call_tokens(c.task.difficulty);
+    for (name, v) in [
+        (
+            "actor.sampling.max_new_tokens",
+            &mut c.actor.sampling.max_new_tokens,
+        ),
+        (
+            "learner.eval_max_new_tokens",
+            &mut c.learner.eval_max_new_tokens,
+        ),
+    ] {
+        if *v < need {
+            tracing::info!(
+                "task arith-tool: {name} {} -> {need}, the length of a call",
+                *v
+            );
+            *v = need;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `bapo run --task arith-tool` on the built-in config plays episodes
+    /// with the calculator, turns long enough to call it.
+    #[test]
+    fn a_tool_task_gets_the_calculator_and_room_for_a_call() {
+        let opts = RunOptions {
+            task: Some("arith-tool".into()),
+            ..Default::default()
+        };
+        let c = opts.resolve().unwrap();
+        assert_eq!(c.actor.env.kind, bapo_actor::env::EnvKind::Builtin);
+        let need = bapo_tasks::tool::call_tokens(c.task.difficulty);
+        assert!(c.actor.sampling.max_new_tokens >= need);
+        assert!(c.learner.eval_max_new_tokens >= need);
+        let plain = RunOptions::default().resolve().unwrap();
+        assert!(!plain.actor.env.enabled(), "arith keeps single answers");
     }
 }

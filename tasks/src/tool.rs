@@ -35,6 +35,14 @@ pub fn tool_call(turn: &str) -> Option<&str> {
     Some(&turn[start..start + len])
 }
 
+/// Tokens of the longest turn a level-`level` episode needs with the
+/// built-in character tokenizer: a call of the whole product, its stop
+/// token included (answers are shorter).
+pub fn call_tokens(level: u32) -> usize {
+    let expr = (level + 1) + 1 + level;
+    (CALL_OPEN.len() + expr as usize + CALL_CLOSE.len()) + 1
+}
+
 /// What the calculator answers to `expr`: its exact value (`a/b` when not
 /// an integer), or why it has none.
 pub fn tool_result(expr_text: &str) -> String {
@@ -163,6 +171,8 @@ mod tests {
         assert_eq!(tool_call("so <call>347*86</call> then"), Some("347*86"));
         assert_eq!(tool_call("<call>1+2"), None, "unclosed");
         assert_eq!(tool_call("29842"), None);
+        // `<call>347*86</call><eos>`: 20 tokens at level 2.
+        assert_eq!(call_tokens(2), "<call>347*86</call>".len() + 1);
         assert_eq!(tool_result("347*86"), "<result>29842</result>");
         assert_eq!(tool_result("7/2"), "<result>7/2</result>");
         assert!(tool_result("1/0").starts_with("<result>error: division by zero"));
