@@ -75,7 +75,7 @@ max_staleness = 4
 batch_groups = 2
 lr = 1e-4
 steps = 6
-eval_every = 0
+eval_every = 3
 eval_max_new_tokens = 24
 
 [actor]

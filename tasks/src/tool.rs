@@ -160,6 +160,12 @@ impl Task for ArithTool {
         let t = completion.trim();
         !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit())
     }
+
+    /// A final turn cut off by its cap did not conclude (as the reference
+    /// server judges it too).
+    fn fails_when_truncated(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -49,9 +49,11 @@ impl Model for PolicyModel<'_> {
 }
 
 /// Episodes of one environment for evaluation, on a runtime of their own
-/// (evaluation runs on a blocking thread).
+/// (evaluation runs on a blocking thread; the runtime is built and set up
+/// on a thread of its own, so a caller inside another runtime may hold
+/// one, and is shut down without blocking when dropped).
 pub struct EpisodeEval {
-    runtime: tokio::runtime::Runtime,
+    runtime: Option<tokio::runtime::Runtime>,
     setup: EnvSetup,
     task: Arc<dyn Task>,
     tokenizer: Arc<TextTokenizer>,
@@ -69,23 +71,31 @@ impl EpisodeEval {
         chat: Option<(bapo_policy::chat::ChatTemplate, Option<String>)>,
         stop: Vec<u32>,
     ) -> anyhow::Result<Option<Self>> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let setup = runtime.block_on(super::setup(
-            cfg,
-            max_new_tokens,
-            task.clone(),
-            tokenizer.clone(),
-            chat,
-        ))?;
-        Ok(setup.map(|setup| Self {
-            runtime,
+        let (cfg, t, tok) = (cfg.clone(), task.clone(), tokenizer.clone());
+        let (runtime, setup) = std::thread::spawn(move || -> anyhow::Result<_> {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let setup = runtime.block_on(super::setup(&cfg, max_new_tokens, t, tok, chat));
+            Ok((runtime, setup))
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the evaluation environment's setup panicked"))??;
+        let Some(setup) = setup? else {
+            runtime.shutdown_background();
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            runtime: Some(runtime),
             setup,
             task,
             tokenizer,
             stop,
         }))
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.runtime.as_ref().expect("held until drop").handle()
     }
 
     /// The reward of one episode of `problem` at `params` (a dropped
@@ -99,7 +109,7 @@ impl EpisodeEval {
             stop_tokens: &self.stop,
             limits: self.setup.limits,
             retry: self.setup.retry,
-            handle: self.runtime.handle(),
+            handle: self.handle(),
         };
         let input = ResetInput {
             task: self.task.name(),
@@ -153,6 +163,14 @@ impl EpisodeEval {
     }
 }
 
+impl Drop for EpisodeEval {
+    fn drop(&mut self) {
+        if let Some(r) = self.runtime.take() {
+            r.shutdown_background();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use bapo_tasks::ArithTool;
@@ -160,10 +178,10 @@ mod tests {
     use super::*;
     use crate::env::EnvKind;
 
-    /// The untrained model almost never calls the calculator; the same
-    /// evaluation of a policy is deterministic.
-    #[test]
-    fn greedy_episodes_are_scored_by_the_environment_deterministically() {
+    /// The same evaluation of a policy is deterministic, and one is made
+    /// and dropped inside a runtime (as the learner does).
+    #[tokio::test]
+    async fn greedy_episodes_are_scored_by_the_environment_deterministically() {
         let task: Arc<dyn Task> = Arc::new(ArithTool::new(0, 1).unwrap());
         let tok = Arc::new(TextTokenizer::char_level());
         let cfg = EnvConfig {
@@ -182,8 +200,15 @@ mod tests {
             k: 2,
             temperature: 1.0,
         });
-        let a = eval.evaluate(&policy, &problems, pass);
-        assert_eq!(a, eval.evaluate(&policy, &problems, pass));
+        let (eval, a, b) = tokio::task::spawn_blocking(move || {
+            let a = eval.evaluate(&policy, &problems, pass);
+            let b = eval.evaluate(&policy, &problems, pass);
+            (eval, a, b)
+        })
+        .await
+        .unwrap();
+        assert_eq!(a, b);
         assert_eq!((a.problems, a.k, a.pass_temperature), (4, 2, Some(1.0)));
+        drop(eval);
     }
 }
