@@ -616,6 +616,7 @@ impl Trainer {
         let mut skel = TokenBatch::default();
         let mut behav = Vec::new();
         let (mut stale, mut lens, mut all_rewards) = (Vec::new(), Vec::new(), Vec::new());
+        let mut turns = Vec::new();
         for (g, a) in groups.iter().zip(&adv.groups) {
             all_rewards.extend(g.sequences.iter().map(|s| s.reward as f64));
             stale.extend(g.staleness(self.version));
@@ -659,6 +660,7 @@ impl Trainer {
                     offset: skel.advantages.len(),
                 });
                 lens.push(s.response.len() as f64);
+                turns.push(s.turns.last().map_or(1.0, |&t| f64::from(t) + 1.0));
                 for (j, &lp) in s.behavior_logprobs.iter().enumerate() {
                     skel.advantages.push(adv);
                     skel.mask.push(s.is_policy_token(j));
@@ -675,6 +677,8 @@ impl Trainer {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
         m.insert(Metric::RewardMean.into(), mean(&all_rewards));
         m.insert("response_len_mean".into(), mean(&lens));
+        // Model turns per trained sequence (1 for single answers).
+        m.insert("turns_mean".into(), mean(&turns));
         let stale: Vec<f64> = stale.into_iter().map(|s| s as f64).collect();
         m.insert(Metric::StalenessMean.into(), mean(&stale));
         m.insert(
