@@ -82,7 +82,9 @@ impl RunOptions {
             "bapo run needs learner.steps > 0 (or --steps)"
         );
         anyhow::ensure!(c.run.actors > 0, "bapo run needs at least one actor");
-        tool_task(&mut c);
+        if self.task.is_some() {
+            tool_task(&mut c);
+        }
         // One number each, wherever it is read.
         c.buffer.batch_groups = c.learner.batch_groups;
         c.buffer.group_size = c.actor.group_size as u32;
@@ -95,8 +97,11 @@ impl RunOptions {
     }
 }
 
-/// A tool task plays episodes: with no `[actor.env]`, the built-in
-/// calculator; turns (sampled and evaluated) long enough for a call.
+/// `--task arith-tool`: episodes with the built-in calculator unless the
+/// config names another environment, turns (sampled and evaluated) long
+/// enough for a call. (A config file that names the task itself is taken
+/// as written: without `[actor.env]`, single answers, the tool-less
+/// control of docs/notes/2026-11-26-tool-use.md.)
 fn tool_task(c: &mut ConfigFile) {
     if c.task.name != "arith-tool" {
         return;
