@@ -8,6 +8,7 @@
 
 pub mod broadcast;
 pub mod buffer;
+pub mod episodes;
 mod latency;
 pub mod learner;
 pub mod model;
@@ -25,6 +26,9 @@ pub enum BenchCommand {
     /// One weight update from publish to every subscriber loaded, over
     /// the real stream: 1 and 4 subscribers, f32 beside bf16.
     Broadcast(broadcast::BroadcastBenchArgs),
+    /// Multi-turn episodes against the built-in calculator beside
+    /// single-turn groups: generation tokens/s.
+    Episodes(episodes::EpisodesBenchArgs),
     /// The learner's own optimiser step at a batch shape: tokens/s and
     /// peak memory.
     Learner(learner::LearnerBenchArgs),
@@ -43,6 +47,9 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Broadcast(args) => broadcast::run(args).await,
         BenchCommand::Buffer(args) => buffer::run(args).await,
+        BenchCommand::Episodes(args) => {
+            tokio::task::spawn_blocking(move || episodes::run(args)).await?
+        }
         // Compute-bound and synchronous: off the async workers.
         BenchCommand::Model(args) => tokio::task::spawn_blocking(move || model::run(args)).await?,
         BenchCommand::Learner(args) => {

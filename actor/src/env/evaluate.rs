@@ -18,10 +18,11 @@ use super::{
     episode::{EpisodeEnd, Model, Runner, TurnMade},
 };
 
-/// A policy taking turns in process: greedy at temperature 0.
-struct PolicyModel<'a> {
-    policy: &'a Policy,
-    params: SamplingParams,
+/// A policy taking turns in process, one member at a time (greedy at
+/// temperature 0); `bapo bench episodes` times it.
+pub struct PolicyModel<'a> {
+    pub policy: &'a Policy,
+    pub params: SamplingParams,
 }
 
 impl Model for PolicyModel<'_> {
