@@ -108,7 +108,7 @@ pub fn chat(
 pub enum Scorer {
     Single {
         task: Arc<dyn Task>,
-        tokenizer: TextTokenizer,
+        tokenizer: Box<TextTokenizer>,
         stop: Vec<u32>,
         max_new_tokens: usize,
     },
@@ -137,7 +137,7 @@ impl Scorer {
             Some(e) => Self::Episodes(Box::new(e)),
             None => Self::Single {
                 task,
-                tokenizer: tokenizer.clone(),
+                tokenizer: Box::new(tokenizer.clone()),
                 stop,
                 max_new_tokens,
             },
