@@ -16,8 +16,9 @@ pub fn init_logging(default: &str) {
 }
 
 /// Serves `/metrics` on `addr` for everything recorded in this process.
-/// Latencies get second-scale buckets, staleness and reuse integer ones, so
-/// Prometheus can aggregate them across pods (summaries cannot be).
+/// Latencies get second-scale buckets, staleness, reuse and turns integer
+/// ones, shares tenths and token counts powers of two, so Prometheus can
+/// aggregate them across pods (summaries cannot be).
 pub fn serve_metrics(addr: SocketAddr) -> anyhow::Result<()> {
     const SECONDS: &[f64] = &[
         0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -26,11 +27,18 @@ pub fn serve_metrics(addr: SocketAddr) -> anyhow::Result<()> {
     const COUNTS: &[f64] = &[
         0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0,
     ];
+    const SHARES: &[f64] = &[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+    const TOKENS: &[f64] = &[
+        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+    ];
     PrometheusBuilder::new()
         .with_http_listener(addr)
         .set_buckets_for_metric(Matcher::Suffix("seconds".into()), SECONDS)?
         .set_buckets_for_metric(Matcher::Suffix("staleness".into()), COUNTS)?
         .set_buckets_for_metric(Matcher::Suffix("reuse".into()), COUNTS)?
+        .set_buckets_for_metric(Matcher::Suffix("turns".into()), COUNTS)?
+        .set_buckets_for_metric(Matcher::Suffix("share".into()), SHARES)?
+        .set_buckets_for_metric(Matcher::Suffix("tokens".into()), TOKENS)?
         .install()
         .with_context(|| format!("serving Prometheus metrics on {addr}"))?;
     tracing::info!(%addr, "metrics at http://{addr}/metrics");

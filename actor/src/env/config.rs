@@ -69,7 +69,8 @@ pub enum TruncateSide {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EnvConfig {
-    /// `none` (single-turn), `builtin` (the calculator) or `grpc`.
+    /// `none` (single-turn), `builtin` (the calculator), `grpc` or
+    /// `openenv`.
     pub kind: EnvKind,
     /// `grpc`: `grpc://host:port` (plaintext) or `grpcs://host:port` (TLS).
     pub endpoint: String,
@@ -136,7 +137,10 @@ pub enum EnvConfigError {
          with kind = \"grpc\""
     )]
     Endpoint(String),
-    #[error("actor.env.endpoint is set but kind = {0:?}: set kind = \"grpc\" to use it")]
+    #[error(
+        "actor.env.endpoint is set but actor.env.kind = {0:?}: set kind = \"grpc\" (or \
+         \"openenv\") to use it"
+    )]
     EndpointUnused(String),
     #[error("actor.env.ca is needed with a grpcs:// endpoint (it verifies the server)")]
     NoCa,
@@ -170,6 +174,9 @@ impl EnvConfig {
     /// whether it is TLS.
     pub fn validate(&self) -> Result<Option<(String, bool)>, EnvConfigError> {
         if !self.enabled() {
+            if !self.endpoint.is_empty() {
+                return Err(EnvConfigError::EndpointUnused("none".into()));
+            }
             return Ok(None);
         }
         for (name, v) in [
@@ -194,9 +201,7 @@ impl EnvConfig {
         match self.kind {
             EnvKind::Grpc => self.url().map(Some),
             EnvKind::Openenv => self.openenv_url().map(|u| Some((u, false))),
-            _ if !self.endpoint.is_empty() => {
-                Err(EnvConfigError::EndpointUnused(format!("{:?}", self.kind)))
-            }
+            _ if !self.endpoint.is_empty() => Err(EnvConfigError::EndpointUnused("builtin".into())),
             _ => Ok(None),
         }
     }
@@ -307,6 +312,10 @@ mod tests {
         assert!(
             err(|c| c.kind = EnvKind::Builtin).contains("kind"),
             "an endpoint nothing reads"
+        );
+        assert!(
+            err(|c| c.kind = EnvKind::None).contains("actor.env.kind = \"none\""),
+            "an endpoint without a kind is not silently single-turn"
         );
         assert!(
             with(|c| {

@@ -23,6 +23,10 @@ use super::{
 };
 use crate::metrics as names;
 
+/// Distinct `info` keys per episode, at most: each becomes an `env.<key>`
+/// entry of the rollout's metadata, which the buffer bounds (64 entries).
+pub const MAX_INFO_KEYS: usize = 32;
+
 /// The bounds of one episode.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -226,14 +230,27 @@ impl Runner<'_> {
             truncated: response.finish == Some(Finish::Length),
             index: turn,
         };
-        let out = self.call("step", || self.env.step(id, sent))?;
+        let out = if self.env.steps_retryable() {
+            self.call("step", || self.env.step(id, sent))?
+        } else {
+            let once = Runner {
+                retry: Retry {
+                    retries: 0,
+                    ..self.retry
+                },
+                ..*self
+            };
+            once.call("step", || self.env.step(id, sent))?
+        };
         let (lo, hi) = (self.info.min_reward, self.info.max_reward);
-        if !(out.reward.is_finite() && out.reward >= lo && out.reward <= hi) {
+        let in_range = |r: f32| r.is_finite() && r >= lo && r <= hi;
+        if !in_range(out.reward) || !in_range(ep.reward + out.reward) {
             return Err(EnvError::new(
                 "bad_reward",
                 format!(
-                    "step reward {} outside the declared [{lo}, {hi}]",
-                    out.reward
+                    "step reward {} (episode {}) outside the declared [{lo}, {hi}]",
+                    out.reward,
+                    ep.reward + out.reward
                 ),
                 false,
             ));
@@ -244,6 +261,13 @@ impl Runner<'_> {
             counter!(names::TOOL_CALLS).increment(1);
         }
         ep.info.extend(out.info.clone());
+        if ep.info.len() > MAX_INFO_KEYS {
+            return Err(EnvError::new(
+                "garbage",
+                format!("more than {MAX_INFO_KEYS} distinct info keys in one episode"),
+                false,
+            ));
+        }
         ep.final_text = text;
         Ok(out)
     }
@@ -487,6 +511,88 @@ mod tests {
             ]
             .concat()
         );
+    }
+
+    /// The calculator, but every step fails as a timeout would, counted;
+    /// its steps retryable or not (as OpenEnv's are not).
+    struct Flaky {
+        inner: Calculator,
+        retryable: bool,
+        steps: std::sync::atomic::AtomicU32,
+    }
+
+    impl Environment for Flaky {
+        fn describe(&self) -> crate::reward::BoxFuture<'_, Result<EnvInfo, EnvError>> {
+            self.inner.describe()
+        }
+        fn reset<'a>(
+            &'a self,
+            input: ResetInput<'a>,
+        ) -> crate::reward::BoxFuture<'a, Result<super::super::Started, EnvError>> {
+            self.inner.reset(input)
+        }
+        fn step<'a>(
+            &'a self,
+            _id: &'a str,
+            _turn: Turn<'a>,
+        ) -> crate::reward::BoxFuture<'a, Result<StepOutcome, EnvError>> {
+            self.steps
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Box::pin(async { Err(EnvError::new("timeout", "slow", true)) })
+        }
+        fn close<'a>(&'a self, id: &'a str) -> crate::reward::BoxFuture<'a, ()> {
+            self.inner.close(id)
+        }
+        fn steps_retryable(&self) -> bool {
+            self.retryable
+        }
+    }
+
+    /// A step that may act on every send is sent once; one that may be
+    /// repeated is retried as configured.
+    #[test]
+    fn a_step_that_is_not_idempotent_is_never_sent_twice() {
+        let task: Arc<dyn Task> = Arc::new(ArithTool::new(0, 2).unwrap());
+        let problem = task.train_problem(0);
+        let tok = TextTokenizer::char_level();
+        let renderer = Renderer::new(Arc::new(tok.clone()), None, None, 32, TruncateSide::Right);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let stop = [tok.token_id("<eos>").unwrap()];
+        for (retryable, calls) in [(false, 1), (true, 3)] {
+            let env = Flaky {
+                inner: Calculator::new(task.clone()),
+                retryable,
+                steps: Default::default(),
+            };
+            let info = rt.block_on(env.describe()).unwrap();
+            let runner = Runner {
+                env: &env,
+                info: &info,
+                renderer: &renderer,
+                tokenizer: &tok,
+                stop_tokens: &stop,
+                limits: limits(),
+                retry: Retry {
+                    retries: 2,
+                    backoff: Duration::from_millis(1),
+                },
+                handle: rt.handle(),
+            };
+            let mut script = Script {
+                tok: tok.clone(),
+                turns: vec!["1<eos>"],
+                contexts: Vec::new(),
+            };
+            let input = ResetInput {
+                task: "arith-tool",
+                problem: &problem,
+                seed: 0,
+            };
+            let end = runner.run(input, &mut script);
+            assert!(matches!(end, EpisodeEnd::Dropped("timeout")), "{end:?}");
+            let sent = env.steps.load(std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(sent, calls, "retryable {retryable}");
+        }
     }
 
     #[test]

@@ -142,6 +142,13 @@ pub trait Environment: Send + Sync {
     /// Frees the episode's state; failures are logged, not returned (the
     /// episode is over either way).
     fn close<'a>(&'a self, episode_id: &'a str) -> BoxFuture<'a, ()>;
+
+    /// Whether a step may be sent again after a failure (the turn number
+    /// makes a repeat harmless). Not for OpenEnv: its steps act on every
+    /// send, so a failed step drops the episode.
+    fn steps_retryable(&self) -> bool {
+        true
+    }
 }
 
 /// How hard to try a call before the episode is given up.

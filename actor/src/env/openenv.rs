@@ -368,6 +368,10 @@ impl Environment for OpenEnv {
         })
     }
 
+    fn steps_retryable(&self) -> bool {
+        false
+    }
+
     fn close<'a>(&'a self, episode_id: &'a str) -> BoxFuture<'a, ()> {
         let session = self
             .sessions

@@ -28,8 +28,10 @@ use crate::reward::BoxFuture;
 
 /// Largest observation accepted, contents or token ids, in bytes.
 pub const MAX_OBSERVATION_BYTES: usize = 1 << 20;
-/// Most `info` entries per step, and longest key and value in bytes.
+/// Most `info` entries per step, longest key and value in bytes (a key
+/// becomes metadata `env.<key>`, which the buffer bounds at 128 bytes).
 pub const MAX_INFO_ENTRIES: usize = 16;
+pub const MAX_INFO_KEY_BYTES: usize = 64;
 pub const MAX_INFO_BYTES: usize = 256;
 
 pub struct Remote {
@@ -133,11 +135,11 @@ pub fn step_outcome(r: v1::StepResponse) -> Result<StepOutcome, EnvError> {
     if r.info.len() > MAX_INFO_ENTRIES
         || r.info
             .iter()
-            .any(|(k, v)| k.len() > MAX_INFO_BYTES || v.len() > MAX_INFO_BYTES)
+            .any(|(k, v)| k.len() > MAX_INFO_KEY_BYTES || v.len() > MAX_INFO_BYTES)
     {
         return Err(garbage(format!(
-            "info of {} entries: at most {MAX_INFO_ENTRIES}, keys and values of at most \
-             {MAX_INFO_BYTES} bytes",
+            "info of {} entries: at most {MAX_INFO_ENTRIES}, keys of at most \
+             {MAX_INFO_KEY_BYTES} bytes and values of at most {MAX_INFO_BYTES}",
             r.info.len()
         )));
     }
