@@ -20,10 +20,12 @@
 #      flags, the config file, mutual TLS: certificates, their mounts,
 #      flags, roles, usages and DNS names, the issuer chain, no --insecure
 #      by default, the optional reward server and the actors' [reward]
-#      table, the optional vLLM container of the actor pods (actor.engine
-#      vllm: its flags, loopback probes, GPUs, the shared weights directory,
-#      the extension ConfigMap equal to actor/vllm/bapo_vllm_ext.py),
-#      refused value combinations such as a reward without an image);
+#      table, the optional environment server and the actors' (and the
+#      learner's) [actor.env] table, the optional vLLM container of the
+#      actor pods (actor.engine vllm: its flags, loopback probes, GPUs, the
+#      shared weights directory, the extension ConfigMap equal to
+#      actor/vllm/bapo_vllm_ext.py), refused value combinations such as a
+#      reward without an image or an environment beside a reward server);
 #   2. promtool check rules + test rules for deploy/prometheus, the
 #      dashboard's queries and the KEDA scaling query;
 #   3. hadolint on deploy/Dockerfile and deploy/Dockerfile.cuda.

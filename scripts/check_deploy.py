@@ -7,7 +7,8 @@ against the Kubernetes JSON schemas in strict mode (kubernetes-validate),
 checks that the objects fit together (selectors, named ports, probes, the
 CLI contract, the config file, mutual TLS: certificates, their mounts and
 flags, identities and DNS names, the optional reward server and the actors'
-[reward] table, the optional vLLM container of the actor pods and the
+[reward] table, the optional environment server and the actors'
+[actor.env] table, the optional vLLM container of the actor pods and the
 actors' [actor.vllm] table), and that the copies of the dashboard, the
 rules and the vLLM worker extension inside the chart equal the originals.
 It writes every PromQL expression of the dashboard into a rules file for
@@ -179,6 +180,29 @@ def reward_on(values: dict) -> bool:
     return bool(values_get(values, "reward.enabled", False))
 
 
+def env_fields() -> set[str]:
+    return struct_fields("actor/src/env/config.rs", "EnvConfig")
+
+
+def env_on(values: dict) -> bool:
+    return bool(values_get(values, "env.enabled", False))
+
+
+# The optional servers of the user's image that bapo calls, rendered by the
+# same templates (templates/_servers.tpl): component (= values key) -> the
+# chart's defaults the checks compare against, and the components that call
+# it (the learner's held-out evaluation plays episodes in the environment
+# too, src/commands/common.rs Scorer).
+USER_SERVERS = {
+    "reward": {"port": 50061, "args": ["--verifier", "math"], "port_env": "BAPO_REWARD_PORT", "replicas": 2, "clients": ["actor"]},
+    "env": {"port": 50071, "args": ["--env", "calculator"], "port_env": "BAPO_ENV_PORT", "replicas": 2, "clients": ["actor", "learner"]},
+}
+
+
+def server_on(values: dict, comp: str) -> bool:
+    return bool(values_get(values, f"{comp}.enabled", False))
+
+
 def component(w: dict) -> str:
     return w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
 
@@ -214,12 +238,13 @@ def check_objects(docs: list[dict], values: dict) -> None:
         gov = services.get(sts["spec"]["serviceName"])
         assert gov and gov["spec"].get("clusterIP") == "None", f"{sts['metadata']['name']}: governing Service must exist and be headless"
 
-    # Pods: security, /tmp, config, probes. The reward server is the user's
-    # image, not bapo: no config file, no bapo flags, TCP probes. The vLLM
+    # Pods: security, /tmp, config, probes. The reward and environment
+    # servers are the user's image, not bapo: no config file, no bapo flags,
+    # TCP probes. The vLLM
     # container of an actor pod (engine vllm) neither: check_vllm checks it.
     for w in workloads(docs):
         wn, spec = w["metadata"]["name"], w["spec"]["template"]["spec"]
-        is_reward = component(w) == "reward"
+        is_reward = component(w) in USER_SERVERS
         assert matches(w["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"]), f"{wn}: selector"
         psc = spec["securityContext"]
         assert psc.get("runAsNonRoot") is True and psc.get("runAsUser") == 10001, f"{wn}: pod must run as uid 10001, non-root"
@@ -329,12 +354,13 @@ def check_objects(docs: list[dict], values: dict) -> None:
         assert trig["metadata"]["serverAddress"].startswith("http"), "KEDA serverAddress"
     for pdb in by_kind(docs, "PodDisruptionBudget"):
         sel = pods_selected(docs, pdb["spec"]["selector"])
-        assert len(sel) == 1 and component(sel[0]) in ("actor", "reward"), f"PDB {pdb['metadata']['name']} must select the actors or the reward servers"
+        assert len(sel) == 1 and component(sel[0]) in ("actor", *USER_SERVERS), f"PDB {pdb['metadata']['name']} must select the actors, the reward or the environment servers"
         assert pdb["metadata"]["name"] == sel[0]["metadata"]["name"], f"PDB {pdb['metadata']['name']} selects {sel[0]['metadata']['name']}"
 
     # NetworkPolicies: each selects one workload, its named ports exist, and
     # together they allow exactly actor->buffer, learner->buffer,
-    # actor->learner (and actor->reward with reward.enabled).
+    # actor->learner (and actor->reward with reward.enabled; actor->env and
+    # learner->env with env.enabled).
     comp = component
     allowed = set()
     for np in by_kind(docs, "NetworkPolicy"):
@@ -351,11 +377,13 @@ def check_objects(docs: list[dict], values: dict) -> None:
                     allowed.add((comp(src), comp(target[0])))
     if by_kind(docs, "NetworkPolicy"):
         want = {("actor", "buffer"), ("learner", "buffer"), ("actor", "learner")}
-        if reward_on(values):
-            want.add(("actor", "reward"))
+        for comp, d in USER_SERVERS.items():
+            if server_on(values, comp):
+                want |= {(client, comp) for client in d["clients"]}
         assert allowed == want, f"NetworkPolicy allows {sorted(allowed)}, want {sorted(want)}"
 
     check_reward(docs, values, services, configmaps)
+    check_env(docs, values, services, configmaps)
     check_vllm(docs, values, configmaps)
 
     # ServiceMonitor: one scrape target per workload.
@@ -377,13 +405,17 @@ def check_objects(docs: list[dict], values: dict) -> None:
             assert json.loads(c["data"]["bapo-dashboard.json"]) == want, "dashboard ConfigMap differs"
 
 
-# ----------------------------------------------------------- reward server
+# ------------------------------------------- reward and environment servers
+
+
+def server_workload(docs: list[dict], comp: str) -> dict:
+    found = [w for w in workloads(docs) if component(w) == comp]
+    assert len(found) == 1 and found[0]["kind"] == "Deployment", f"expected one {comp} Deployment, found {[w['metadata']['name'] for w in found]}"
+    return found[0]
 
 
 def reward_workload(docs: list[dict]) -> dict:
-    found = [w for w in workloads(docs) if component(w) == "reward"]
-    assert len(found) == 1 and found[0]["kind"] == "Deployment", f"expected one reward Deployment, found {[w['metadata']['name'] for w in found]}"
-    return found[0]
+    return server_workload(docs, "reward")
 
 
 def config_of(configmaps: dict) -> dict:
@@ -401,80 +433,145 @@ def inside_mount(c: dict, path: str, what: str) -> dict:
     return m
 
 
+def no_leftovers(docs: list[dict], comp: str) -> None:
+    comp_of = lambda o: o["metadata"].get("labels", {}).get("app.kubernetes.io/component")  # noqa: E731
+    leftovers = [f"{d['kind']}/{d['metadata']['name']}" for d in docs if comp_of(d) == comp]
+    assert not leftovers, f"{comp}.enabled is false, yet {leftovers}"
+
+
+def check_server(docs: list[dict], values: dict, comp: str) -> dict:
+    """The Deployment of a server of the user's image (reward, env): the
+    user's image, command and args, then the chart's flags; its port; the
+    env naming port and TLS files; the NetworkPolicies letting its clients
+    (only) in and out to it. Returns the workload."""
+    d = USER_SERVERS[comp]
+    w = server_workload(docs, comp)
+    wn, spec = w["metadata"]["name"], w["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    port = values_get(values, f"{comp}.port", d["port"])
+    tls = tls_on(values)
+
+    want_img = f"{values_get(values, f'{comp}.image.repository', '')}:{values_get(values, f'{comp}.image.tag', '')}"
+    assert c["image"] == want_img, f"{wn}: image {c['image']}, want {want_img}"
+    assert c.get("command", []) == (values_get(values, f"{comp}.command", []) or []), f"{wn}: command"
+    assert w["spec"]["replicas"] == values_get(values, f"{comp}.replicas", d["replicas"]), f"{wn}: replicas"
+    assert container_ports(w).get("grpc") == port, f"{wn}: container port grpc must be {comp}.port {port}"
+    assert "nvidia.com/gpu" not in json.dumps(c["resources"]), f"{wn}: GPU"
+    args = c.get("args", [])
+    user = list(values_get(values, f"{comp}.args", d["args"]) or [])
+    assert args[: len(user)] == user, f"{wn}: args {args} must start with {comp}.args {user}"
+    appended = args[len(user):]
+    want_flags = []
+    if values_get(values, f"{comp}.listenArg", True):
+        want_flags.append("--listen")
+        assert appended[1:2] == [f"0.0.0.0:{port}"], f"{wn}: --listen must be 0.0.0.0:{port}, got {appended}"
+    if tls and values_get(values, f"{comp}.tlsArgs", True):
+        want_flags += ["--tls-cert", "--tls-key"]
+    assert appended[0::2] == want_flags and len(appended) == 2 * len(want_flags), f"{wn}: the chart appends {appended}, want flags {want_flags}"
+    assert "--insecure" not in args and "--config" not in args, f"{wn}: bapo's flags on the user's server"
+    env = env_of(c)
+    assert env.get(d["port_env"]) == str(port), f"{wn}: {d['port_env']}"
+    assert ("BAPO_TLS_CERT" in env) == tls and ("BAPO_TLS_KEY" in env) == tls, f"{wn}: BAPO_TLS_* env exactly under TLS"
+    assert not any(a.startswith("http") for a in args), f"{wn}: the {comp} server calls no bapo service"
+
+    # PodDisruptionBudget exactly when asked for.
+    pdbs = [p for p in by_kind(docs, "PodDisruptionBudget") if pods_selected(docs, p["spec"]["selector"]) == [w]]
+    want_pdb = values_get(values, f"{comp}.podDisruptionBudget.enabled", True)
+    assert len(pdbs) == (1 if want_pdb else 0), f"{wn}: {len(pdbs)} PodDisruptionBudgets, want {comp}.podDisruptionBudget.enabled={want_pdb}"
+
+    # NetworkPolicies: its clients -> server in (only), and out when egress
+    # is restricted.
+    nps = by_kind(docs, "NetworkPolicy")
+    if nps:
+        clients = d["clients"]
+        snp = [n for n in nps if pods_selected(docs, n["spec"]["podSelector"]) == [w]]
+        assert len(snp) == 1, f"one NetworkPolicy for the {comp} pods"
+        ingress = snp[0]["spec"].get("ingress", [])
+        assert ingress, f"{comp} NetworkPolicy: no ingress rule"
+        admitted = set()
+        for rule in ingress:
+            for peer in rule.get("from", []):
+                assert set(peer) == {"podSelector"}, f"{comp} NetworkPolicy: only {clients} pods may call it, not {peer}"
+                admitted |= {component(x) for x in pods_selected(docs, peer["podSelector"])}
+            assert [p["port"] for p in rule.get("ports", [])] == ["grpc"], f"{comp} NetworkPolicy: the gRPC port only"
+        assert admitted == set(clients), f"{comp} NetworkPolicy admits {sorted(admitted)}, want {sorted(clients)}"
+        if values_get(values, "networkPolicy.restrictEgress", True):
+            eg = snp[0]["spec"].get("egress", [])
+            extra = values_get(values, f"{comp}.extraEgress", []) or []
+            assert eg[: len(extra)] == extra, f"{comp} NetworkPolicy: egress {eg} must start with {comp}.extraEgress"
+            assert all(not r.get("to") and {p["port"] for p in r["ports"]} == {53} for r in eg[len(extra):]), f"{comp} NetworkPolicy: beyond {comp}.extraEgress, DNS only"
+            for client in clients:
+                cw = [x for x in workloads(docs) if component(x) == client]
+                cnp = [n for n in nps if pods_selected(docs, n["spec"]["podSelector"]) == cw]
+                assert len(cw) == 1 and len(cnp) == 1, f"one {client} workload and NetworkPolicy"
+                assert "Egress" in cnp[0]["spec"]["policyTypes"], f"{client} NetworkPolicy restricts egress"
+                ok = any(
+                    any("podSelector" in t and w in pods_selected(docs, t["podSelector"]) for t in rule.get("to", []))
+                    and any(p["port"] in (port, "grpc") for p in rule.get("ports", []))
+                    for rule in cnp[0]["spec"].get("egress", [])
+                )
+                assert ok, f"{client} NetworkPolicy: no egress to the {comp} pods on {port}"
+    return w
+
+
+def check_endpoint(docs: list[dict], values: dict, services: dict, comp: str, w: dict, t: dict, table: str) -> None:
+    """A client-side table (t, named table) pointing at the server w: the
+    endpoint names a rendered ClusterIP Service of those pods and a port
+    reaching the server's, grpcs:// exactly under TLS with a CA file every
+    client mounts (the one it verifies bapo's servers with), grpc:// with
+    insecure = true otherwise, no server_name."""
+    port = values_get(values, f"{comp}.port", USER_SERVERS[comp]["port"])
+    tls = tls_on(values)
+    ep = t.get("endpoint", "")
+    scheme, _, rest = ep.partition("://")
+    assert scheme == ("grpcs" if tls else "grpc"), f"[{table}] endpoint {ep}: want {'grpcs' if tls else 'grpc'}:// ({'mutual TLS' if tls else 'insecure'})"
+    host, _, ep_port = rest.rpartition(":")
+    svc_name = host.split(".")[0]
+    assert host == f"{svc_name}.{NAMESPACE}.svc", f"[{table}] endpoint host {host}: want <svc>.{NAMESPACE}.svc"
+    svc = services.get(svc_name)
+    assert svc, f"[{table}] endpoint {ep}: no Service {svc_name}"
+    assert svc["spec"].get("clusterIP") != "None", f"Service {svc_name}: the {comp} Service balances over its pods (ClusterIP)"
+    assert pods_selected(docs, svc["spec"]["selector"]) == [w], f"Service {svc_name} must select the {comp} pods"
+    sp = [p for p in svc["spec"]["ports"] if str(p["port"]) == ep_port]
+    assert sp, f"[{table}] endpoint port {ep_port}: Service {svc_name} has {[p['port'] for p in svc['spec']['ports']]}"
+    tp = sp[0]["targetPort"]
+    assert (container_ports(w).get(tp) if isinstance(tp, str) else tp) == port, f"Service {svc_name}: port {ep_port} reaches {tp}, not the server's {port}"
+    assert "server_name" not in t, f"[{table}] server_name: the actors verify the endpoint's host"
+    actor = one(docs, "Deployment", "-actor")
+    if tls:
+        assert t.get("ca"), f"[{table}] grpcs:// needs ca"
+        for client in USER_SERVERS[comp]["clients"]:
+            cw = [x for x in workloads(docs) if component(x) == client]
+            assert len(cw) == 1, f"one {client} workload"
+            cc = cw[0]["spec"]["template"]["spec"]["containers"][0]
+            inside_mount(cc, t["ca"], f"[{table}] ca ({client})")
+            assert t["ca"] == flag(cc["args"], "--tls-ca"), f"[{table}] ca {t['ca']} should be the CA the {client} verifies bapo's servers with ({flag(cc['args'], '--tls-ca')})"
+        assert not t.get("insecure"), f"[{table}] insecure under TLS"
+    else:
+        assert "ca" not in t, f"[{table}] ca with grpc:// (refused by the actor)"
+        assert t.get("insecure") is True, f"[{table}] grpc:// beyond loopback needs insecure = true"
+    # The actors roll when the file changes.
+    assert "checksum/config" in actor["spec"]["template"]["metadata"].get("annotations", {}), "actors: checksum/config"
+
+
 def check_reward(docs: list[dict], values: dict, services: dict, configmaps: dict) -> None:
     """The optional reward server and the actors' [reward] table: the
     endpoint names a rendered Service and port of the reward pods, its
     scheme follows TLS, the CA is a file the actors mount, the keys are
     RewardConfig's, the NetworkPolicies let actors (only) in."""
     cfg = config_of(configmaps)
-    comp_of = lambda o: o["metadata"].get("labels", {}).get("app.kubernetes.io/component")  # noqa: E731
     if not reward_on(values):
-        leftovers = [f"{d['kind']}/{d['metadata']['name']}" for d in docs if comp_of(d) == "reward"]
-        assert not leftovers, f"reward.enabled is false, yet {leftovers}"
+        no_leftovers(docs, "reward")
         if values_get(values, "config.reward", None) is None and not values.get("configOverride"):
             assert "reward" not in cfg, "reward.enabled is false: no [reward] table (the task's built-in verifier)"
         return
 
-    w = reward_workload(docs)
-    wn, spec = w["metadata"]["name"], w["spec"]["template"]["spec"]
-    c = spec["containers"][0]
-    port = values_get(values, "reward.port", 50061)
-    tls = tls_on(values)
-
-    # The container: the user's image, command and args, then the chart's.
-    want_img = f"{values_get(values, 'reward.image.repository', '')}:{values_get(values, 'reward.image.tag', '')}"
-    assert c["image"] == want_img, f"{wn}: image {c['image']}, want {want_img}"
-    assert c.get("command", []) == (values_get(values, "reward.command", []) or []), f"{wn}: command"
-    assert w["spec"]["replicas"] == values_get(values, "reward.replicas", 2), f"{wn}: replicas"
-    assert container_ports(w).get("grpc") == port, f"{wn}: container port grpc must be reward.port {port}"
-    assert "nvidia.com/gpu" not in json.dumps(c["resources"]), f"{wn}: GPU"
-    args = c.get("args", [])
-    user = list(values_get(values, "reward.args", ["--verifier", "math"]) or [])
-    assert args[: len(user)] == user, f"{wn}: args {args} must start with reward.args {user}"
-    appended = args[len(user):]
-    want_flags = []
-    if values_get(values, "reward.listenArg", True):
-        want_flags.append("--listen")
-        assert appended[1:2] == [f"0.0.0.0:{port}"], f"{wn}: --listen must be 0.0.0.0:{port}, got {appended}"
-    if tls and values_get(values, "reward.tlsArgs", True):
-        want_flags += ["--tls-cert", "--tls-key"]
-    assert appended[0::2] == want_flags and len(appended) == 2 * len(want_flags), f"{wn}: the chart appends {appended}, want flags {want_flags}"
-    assert "--insecure" not in args and "--config" not in args, f"{wn}: bapo's flags on the user's server"
-    env = env_of(c)
-    assert env.get("BAPO_REWARD_PORT") == str(port), f"{wn}: BAPO_REWARD_PORT"
-    assert ("BAPO_TLS_CERT" in env) == tls and ("BAPO_TLS_KEY" in env) == tls, f"{wn}: BAPO_TLS_* env exactly under TLS"
-    assert not any(a.startswith("http") for a in args), f"{wn}: the reward server calls no bapo service"
-
-    # The actors' [reward] table.
+    w = check_server(docs, values, "reward")
     assert "reward" in cfg, "reward.enabled: the config file needs a [reward] table"
     r = cfg["reward"]
     unknown = set(r) - reward_fields()
     assert not unknown, f"[reward] keys not in RewardConfig: {sorted(unknown)}"
-    ep = r.get("endpoint", "")
-    scheme, _, rest = ep.partition("://")
-    assert scheme == ("grpcs" if tls else "grpc"), f"[reward] endpoint {ep}: want {'grpcs' if tls else 'grpc'}:// ({'mutual TLS' if tls else 'insecure'})"
-    host, _, ep_port = rest.rpartition(":")
-    svc_name = host.split(".")[0]
-    assert host == f"{svc_name}.{NAMESPACE}.svc", f"[reward] endpoint host {host}: want <svc>.{NAMESPACE}.svc"
-    svc = services.get(svc_name)
-    assert svc, f"[reward] endpoint {ep}: no Service {svc_name}"
-    assert svc["spec"].get("clusterIP") != "None", f"Service {svc_name}: the reward Service balances over its pods (ClusterIP)"
-    assert pods_selected(docs, svc["spec"]["selector"]) == [w], f"Service {svc_name} must select the reward pods"
-    sp = [p for p in svc["spec"]["ports"] if str(p["port"]) == ep_port]
-    assert sp, f"[reward] endpoint port {ep_port}: Service {svc_name} has {[p['port'] for p in svc['spec']['ports']]}"
-    tp = sp[0]["targetPort"]
-    assert (container_ports(w).get(tp) if isinstance(tp, str) else tp) == port, f"Service {svc_name}: port {ep_port} reaches {tp}, not the server's {port}"
-    assert "server_name" not in r, "[reward] server_name: the actors verify the endpoint's host"
-    actor = one(docs, "Deployment", "-actor")
-    ac = actor["spec"]["template"]["spec"]["containers"][0]
-    if tls:
-        assert r.get("ca"), "[reward] grpcs:// needs ca"
-        inside_mount(ac, r["ca"], "[reward] ca")
-        assert r["ca"] == flag(ac["args"], "--tls-ca"), f"[reward] ca {r['ca']} should be the CA the actors verify bapo's servers with ({flag(ac['args'], '--tls-ca')})"
-        assert not r.get("insecure"), "[reward] insecure under TLS"
-    else:
-        assert "ca" not in r, "[reward] ca with grpc:// (refused by the actor)"
-        assert r.get("insecure") is True, "[reward] grpc:// beyond loopback needs insecure = true"
+    check_endpoint(docs, values, services, "reward", w, r, "reward")
     for key, vk, default in (
         ("timeout_ms", "timeoutMs", 30000),
         ("retries", "retries", 3),
@@ -485,30 +582,53 @@ def check_reward(docs: list[dict], values: dict, services: dict, configmaps: dic
         want = values_get(values, f"reward.{vk}", default)
         assert r.get(key) == want and type(r.get(key)) is type(want), f"[reward] {key} = {r.get(key)!r}, want {want!r} (reward.{vk})"
 
-    # The actors roll when the file changes.
-    assert "checksum/config" in actor["spec"]["template"]["metadata"].get("annotations", {}), "actors: checksum/config"
 
-    # NetworkPolicies: actors -> reward in (only), and out when egress is restricted.
-    nps = by_kind(docs, "NetworkPolicy")
-    if nps:
-        rnp = [n for n in nps if pods_selected(docs, n["spec"]["podSelector"]) == [w]]
-        assert len(rnp) == 1, "one NetworkPolicy for the reward pods"
-        ingress = rnp[0]["spec"].get("ingress", [])
-        assert ingress, "reward NetworkPolicy: no ingress rule"
-        for rule in ingress:
-            for peer in rule.get("from", []):
-                assert set(peer) == {"podSelector"}, f"reward NetworkPolicy: only actor pods may call it, not {peer}"
-                assert [component(x) for x in pods_selected(docs, peer["podSelector"])] == ["actor"], "reward NetworkPolicy: only actors"
-            assert [p["port"] for p in rule.get("ports", [])] == ["grpc"], "reward NetworkPolicy: the gRPC port only"
-        if values_get(values, "networkPolicy.restrictEgress", True):
-            anp = [n for n in nps if pods_selected(docs, n["spec"]["podSelector"]) == [actor]][0]
-            assert "Egress" in anp["spec"]["policyTypes"], "actor NetworkPolicy restricts egress"
-            ok = any(
-                any("podSelector" in t and w in pods_selected(docs, t["podSelector"]) for t in rule.get("to", []))
-                and any(p["port"] in (port, "grpc") for p in rule.get("ports", []))
-                for rule in anp["spec"].get("egress", [])
-            )
-            assert ok, f"actor NetworkPolicy: no egress to the reward pods on {port}"
+def check_env(docs: list[dict], values: dict, services: dict, configmaps: dict) -> None:
+    """The optional environment server and the actors' [actor.env] table:
+    kind grpc, the endpoint names a rendered Service and port of the env
+    pods, its scheme follows TLS, the CA is a file the actors mount, the
+    keys are EnvConfig's and pass its checks, the tuning is the values',
+    no [reward] endpoint beside it (the actor refuses both), the
+    NetworkPolicies let actors (only) in."""
+    cfg = config_of(configmaps)
+    t = (cfg.get("actor") or {}).get("env")
+    if not env_on(values):
+        no_leftovers(docs, "env")
+        if values_get(values, "config.actor.env", None) is None and not values.get("configOverride"):
+            assert t is None, "env.enabled is false: no [actor.env] table (single-turn rollouts)"
+        return
+
+    w = check_server(docs, values, "env")
+    assert isinstance(t, dict), "env.enabled: the config file needs an [actor.env] table"
+    unknown = set(t) - env_fields()
+    assert not unknown, f"[actor.env] keys not in EnvConfig: {sorted(unknown)}"
+    assert t.get("kind") == "grpc", f"[actor.env] kind = {t.get('kind')!r}, want \"grpc\" (a bapo.v1.EnvironmentService)"
+    check_endpoint(docs, values, services, "env", w, t, "actor.env")
+    for key, vk, default in (
+        ("max_turns", "maxTurns", 4),
+        ("max_episode_tokens", "maxEpisodeTokens", 256),
+        ("max_observation_tokens", "maxObservationTokens", 64),
+        ("truncate", "truncate", "right"),
+        ("step_timeout_ms", "stepTimeoutMs", 10000),
+        ("retries", "retries", 3),
+        ("backoff_ms", "backoffMs", 200),
+    ):
+        want = values_get(values, f"env.{vk}", default)
+        assert t.get(key) == want and type(t.get(key)) is type(want), f"[actor.env] {key} = {t.get(key)!r}, want {want!r} (env.{vk})"
+    ets = t.get("episode_timeout_s")
+    want_ets = values_get(values, "env.episodeTimeoutSeconds", 300)
+    assert isinstance(ets, float) and ets == float(want_ets), f"[actor.env] episode_timeout_s = {ets!r}, want {float(want_ets)!r} as a TOML float (env.episodeTimeoutSeconds)"
+    # EnvConfig::validate, as the actor runs it at start.
+    for key in ("max_turns", "max_episode_tokens", "max_observation_tokens", "step_timeout_ms"):
+        assert t[key] >= 1, f"[actor.env] {key} must be at least 1"
+    assert t["max_observation_tokens"] < t["max_episode_tokens"], "[actor.env] max_observation_tokens leaves no room for a model turn"
+    assert t["truncate"] in ("right", "left"), f"[actor.env] truncate {t['truncate']!r}"
+    assert ets > 0, "[actor.env] episode_timeout_s must be > 0"
+    # The actor refuses any [reward] endpoint but the built-in one beside an
+    # environment (it rewards its own episodes).
+    ep = (cfg.get("reward") or {}).get("endpoint", "builtin")
+    assert ep == "builtin", f"[reward] endpoint = {ep!r} with [actor.env]: the actor refuses it"
+    assert not reward_on(values), "env.enabled with reward.enabled rendered; the chart must refuse it"
 
 
 # ------------------------------------------------------------- vLLM engine
@@ -768,8 +888,10 @@ WANT_CERT = {
     "learner": ("learner", {"server auth", "client auth"}),
     "actor": ("actor", {"client auth"}),
     "admin": ("admin", {"client auth"}),
-    # The optional reward server: TLS with server authentication only.
+    # The optional reward and environment servers: TLS with server
+    # authentication only.
     "reward": ("reward", {"server auth"}),
+    "env": ("env", {"server auth"}),
 }
 # Which file of a Secret (or csi-driver volume) each flag must name.
 FLAG_FILE = {"--tls-cert": "tls.crt", "--tls-key": "tls.key", "--tls-ca": "ca.crt"}
@@ -852,12 +974,14 @@ def check_tls(docs: list[dict], values: dict) -> None:
             if comp != "actor":
                 c = w["spec"]["template"]["spec"]["containers"][0]
                 assert all("grpc" in c[p] for p in ("startupProbe", "livenessProbe", "readinessProbe")), f"{comp}: plaintext servers keep the gRPC probes"
-        if reward_on(values):
-            rw = reward_workload(docs)
-            c = rw["spec"]["template"]["spec"]["containers"][0]
-            assert not {"--tls-cert", "--tls-key"} & set(c.get("args", [])), "reward: TLS flags under insecure"
-            assert not any("secret" in v for v in rw["spec"]["template"]["spec"]["volumes"]), "reward: a Secret volume under insecure"
-            assert not {"BAPO_TLS_CERT", "BAPO_TLS_KEY"} & set(env_of(c)), "reward: BAPO_TLS_* under insecure"
+        for comp in USER_SERVERS:
+            if not server_on(values, comp):
+                continue
+            sw = server_workload(docs, comp)
+            c = sw["spec"]["template"]["spec"]["containers"][0]
+            assert not {"--tls-cert", "--tls-key"} & set(c.get("args", [])), f"{comp}: TLS flags under insecure"
+            assert not any("secret" in v for v in sw["spec"]["template"]["spec"]["volumes"]), f"{comp}: a Secret volume under insecure"
+            assert not {"BAPO_TLS_CERT", "BAPO_TLS_KEY"} & set(env_of(c)), f"{comp}: BAPO_TLS_* under insecure"
         return
 
     # Certificates: shape, and which component each one is for.
@@ -877,8 +1001,7 @@ def check_tls(docs: list[dict], values: dict) -> None:
         want = {"buffer", "learner"} | (set() if per_pod else {"actor"})
         if values_get(values, "tls.certManager.adminCertificate", False):
             want.add("admin")
-        if reward_on(values):
-            want.add("reward")
+        want |= {comp for comp in USER_SERVERS if server_on(values, comp)}
         assert set(leaf_by_comp) == want, f"Certificates for {sorted(leaf_by_comp)}, want {sorted(want)}"
 
     # The issuer chain.
@@ -1022,47 +1145,54 @@ def check_tls(docs: list[dict], values: dict) -> None:
     if td and cm_on:
         assert domains == {td}, f"trust domain {domains}, want {td}"
 
-    # The reward server: its certificate and key (flags when tlsArgs, env
-    # always) are files of its own Secret, mounted read-only and whole; its
-    # DNS names cover the host the actors dial.
-    if reward_on(values):
-        rw = reward_workload(docs)
-        spec = rw["spec"]["template"]["spec"]
+    # The reward and environment servers: each one's certificate and key
+    # (flags when tlsArgs, env always) are files of its own Secret, mounted
+    # read-only and whole; its DNS names cover the host the actors dial.
+    cfg = config_of(configmaps)
+    endpoints = {
+        "reward": lambda: cfg["reward"]["endpoint"],
+        "env": lambda: cfg["actor"]["env"]["endpoint"],
+    }
+    for comp in USER_SERVERS:
+        if not server_on(values, comp):
+            continue
+        sw = server_workload(docs, comp)
+        spec = sw["spec"]["template"]["spec"]
         c = spec["containers"][0]
         args, env = c.get("args", []), env_of(c)
         vols = {v["name"]: v for v in spec["volumes"]}
         files = {"--tls-cert": env.get("BAPO_TLS_CERT"), "--tls-key": env.get("BAPO_TLS_KEY")}
-        if values_get(values, "reward.tlsArgs", True):
+        if values_get(values, f"{comp}.tlsArgs", True):
             for f in files:
-                assert flag(args, f) == files[f], f"reward: {f} {flag(args, f)} and env say different files"
+                assert flag(args, f) == files[f], f"{comp}: {f} {flag(args, f)} and env say different files"
         used = set()
         for f, path in files.items():
-            assert path, f"reward: no file for {f} (env BAPO_TLS_*)"
-            m = inside_mount(c, path, f"reward {f}")
+            assert path, f"{comp}: no file for {f} (env BAPO_TLS_*)"
+            m = inside_mount(c, path, f"{comp} {f}")
             vol = vols[m["name"]]
             used.add(m["name"])
-            assert "secret" in vol and not vol["secret"].get("items"), f"reward: {f} {path} must come from a Secret, whole"
+            assert "secret" in vol and not vol["secret"].get("items"), f"{comp}: {f} {path} must come from a Secret, whole"
             name = vol["secret"]["secretName"]
             mounted_secrets.add(name)
             if cm_on:
-                assert by_secret.get(name) is leaf_by_comp.get("reward"), f"reward: mounts Secret {name}, not its Certificate's"
+                assert by_secret.get(name) is leaf_by_comp.get(comp), f"{comp}: mounts Secret {name}, not its Certificate's"
             else:
-                assert name == existing.get("reward"), f"reward: mounts Secret {name}, not tls.existingSecrets.reward ({existing.get('reward')!r})"
-            assert path.rpartition("/")[2] == FLAG_FILE[f], f"reward: {f} {path}: the Secret has {FLAG_FILE[f]}"
+                assert name == existing.get(comp), f"{comp}: mounts Secret {name}, not tls.existingSecrets.{comp} ({existing.get(comp)!r})"
+            assert path.rpartition("/")[2] == FLAG_FILE[f], f"{comp}: {f} {path}: the Secret has {FLAG_FILE[f]}"
             mode = vol["secret"].get("defaultMode", 0o644)
             if mode & 0o004 == 0:
-                assert spec["securityContext"].get("fsGroup") is not None, f"reward: Secret mode {oct(mode)} without fsGroup: the server cannot read its key"
-        assert len(used) == 1, "reward: certificate and key from different volumes"
-        endpoint = config_of(configmaps)["reward"]["endpoint"]
+                assert spec["securityContext"].get("fsGroup") is not None, f"{comp}: Secret mode {oct(mode)} without fsGroup: the server cannot read its key"
+        assert len(used) == 1, f"{comp}: certificate and key from different volumes"
+        endpoint = endpoints[comp]()
         if cm_on:
-            rc = leaf_by_comp["reward"]
+            rc = leaf_by_comp[comp]
             names = set(rc["spec"].get("dnsNames", []))
-            assert host_of(endpoint) in names, f"reward certificate lacks {host_of(endpoint)}, which the actors dial ([reward] endpoint {endpoint}); it has {sorted(names)}"
+            assert host_of(endpoint) in names, f"{comp} certificate lacks {host_of(endpoint)}, which the actors dial (endpoint {endpoint}); it has {sorted(names)}"
             svc = host_of(endpoint).split(".")[0]
             cd = values_get(values, "tls.clusterDomain", "cluster.local")
             forms = {svc, f"{svc}.{NAMESPACE}", f"{svc}.{NAMESPACE}.svc", f"{svc}.{NAMESPACE}.svc.{cd}"}
-            forms |= set(values_get(values, "tls.extraDnsNames.reward", []) or [])
-            assert forms <= names, f"reward certificate lacks {sorted(forms - names)}"
+            forms |= set(values_get(values, f"tls.extraDnsNames.{comp}", []) or [])
+            assert forms <= names, f"{comp} certificate lacks {sorted(forms - names)}"
 
     # Every Certificate's Secret is mounted by its component (admin: by no one).
     for comp, c in leaf_by_comp.items():
@@ -1130,6 +1260,44 @@ def check_reward_override_and_roll(rw: dict) -> None:
     off, on = checksum({}), checksum({"reward": rw})
     assert off != on, "enabling reward must change the actors' checksum/config"
     assert checksum({"reward": {**rw, "timeoutMs": 1234}}) != on, "a reward tuning change must roll the actors"
+
+
+def check_env_override_and_roll(ev: dict) -> None:
+    """configOverride plus env.enabled: the chart's [actor.env] table is
+    appended (after the file's own [actor], whose keys stay) and the file
+    parses; turning the environment server on or off, or its tuning,
+    changes the actors' config checksum, so they roll."""
+    override = "[buffer]\ngroup_size = 4\n\n[actor]\ngroup_size = 4\n\n[model]\npreset = \"tiny\"\n\n[reward]\ntimeout_ms = 1000\n"
+    docs = render({"env": ev, "configOverride": override})
+    cms = {c["metadata"]["name"]: c for c in by_kind(docs, "ConfigMap")}
+    cfg = config_of(cms)
+    assert cfg["buffer"] == {"group_size": 4} and cfg["actor"]["group_size"] == 4, f"config: {cfg}"
+    assert cfg["actor"]["env"]["endpoint"].startswith("grpcs://") and cfg["actor"]["env"]["kind"] == "grpc", f"config: {cfg}"
+    assert cfg["reward"] == {"timeout_ms": 1000}, "a [reward] table without an endpoint stays (the built-in one)"
+
+    def checksum(v: dict) -> str:
+        a = one(render(v), "Deployment", "-actor")
+        return a["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+    off, on = checksum({}), checksum({"env": ev})
+    assert off != on, "enabling env must change the actors' checksum/config"
+    assert checksum({"env": {**ev, "maxTurns": 7}}) != on, "an env tuning change must roll the actors"
+
+
+def check_env_existing_secrets(ev: dict) -> None:
+    """The environment server with certificates from Secrets you made: it
+    mounts tls.existingSecrets.env, and everything fits."""
+    v = {
+        "env": ev,
+        "tls": {
+            "certManager": {"enabled": False},
+            "existingSecrets": {"buffer": "b", "learner": "l", "actor": "a", "env": "bapo-env-tls"},
+        },
+    }
+    docs = render(v)
+    validate_schemas(docs)
+    check_objects(docs, v)
+    check_tls(docs, v)
 
 
 def must_fail(values: dict, needle: str) -> None:
@@ -1366,6 +1534,62 @@ def main() -> int:
         lambda: must_fail({"reward": rw_img, "config": {"actor": {"shaping": {"format_bonus": 0.1}}}}, "format_bonus"),
     )
     check("reward: [reward] follows configOverride; the actors roll", lambda: check_reward_override_and_roll(rw_img))
+    ev_img = {"enabled": True, "image": {"repository": "registry.example.invalid/env", "tag": "1"}}
+    check(
+        "refuses env without an image",
+        lambda: must_fail({"env": {"enabled": True}}, "env.image.repository is required"),
+    )
+    check(
+        "refuses env without an image tag",
+        lambda: must_fail({"env": {"enabled": True, "image": {"repository": "r"}}}, "env.image.tag is required"),
+    )
+    check(
+        "refuses env together with reward (the actor refuses both)",
+        lambda: must_fail({"env": ev_img, "reward": rw_img}, "env.enabled and reward.enabled are both true"),
+    )
+    check(
+        "refuses env with a config.reward endpoint",
+        lambda: must_fail({"env": ev_img, "config": {"reward": {"endpoint": "grpc://judge.example:50061"}}}, "config.reward.endpoint"),
+    )
+    check(
+        "refuses env with a [reward] endpoint in configOverride",
+        lambda: must_fail(
+            {"env": ev_img, "configOverride": "[model]\npreset = \"tiny\"\n\n[reward]\ntimeout_ms = 5\nendpoint = 'grpc://judge.example:50061'\n"},
+            "configOverride sets [reward] endpoint",
+        ),
+    )
+    check(
+        "refuses an [actor.env] table in configOverride while the chart writes one",
+        lambda: must_fail({"env": ev_img, "configOverride": "[model]\npreset = \"tiny\"\n\n[actor.env]\nkind = \"builtin\"\n"}, "configOverride has an [actor.env] table"),
+    )
+    check(
+        "refuses config.actor.env while the chart writes [actor.env]",
+        lambda: must_fail({"env": ev_img, "config": {"actor": {"env": {"kind": "builtin"}}}}, "config.actor.env is set"),
+    )
+    check(
+        "refuses an observation cap that leaves no room for a model turn",
+        lambda: must_fail({"env": {**ev_img, "maxObservationTokens": 256}}, "env.maxObservationTokens (256) must be below"),
+    )
+    check(
+        "refuses an unknown env.truncate (values.schema.json)",
+        lambda: must_fail({"env": {**ev_img, "truncate": "middle"}}, "truncate"),
+    )
+    check(
+        "refuses env with existing Secrets but no env Secret",
+        lambda: must_fail(
+            {
+                "env": ev_img,
+                "tls": {"certManager": {"enabled": False}, "existingSecrets": {"buffer": "b", "learner": "l", "actor": "a"}},
+            },
+            "tls.existingSecrets.env is required",
+        ),
+    )
+    check(
+        "env: a config.reward without an endpoint renders beside it",
+        lambda: check_objects(render({"env": ev_img, "config": {"reward": {"timeout_ms": 1000}}}), {"env": ev_img, "config": {"reward": {"timeout_ms": 1000}}}),
+    )
+    check("env: [actor.env] follows configOverride; the actors roll", lambda: check_env_override_and_roll(ev_img))
+    check("env: existing Secrets render and fit", lambda: check_env_existing_secrets(ev_img))
     vl = {"model": {"hfDir": "/models/m", "volume": {"existingClaim": "models"}}, "actor": {"engine": "vllm"}}
 
     def vl_with(**actor: Any) -> dict:

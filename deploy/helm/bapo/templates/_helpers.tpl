@@ -130,6 +130,87 @@ send_tokens = {{ include "bapo.tomlValue" $r.sendTokens }}
 {{- end -}}
 
 {{/*
+The environment server's address in the actors' [actor.env] endpoint:
+grpcs:// (TLS, the actors verify that host in its certificate) under mutual
+TLS, grpc:// with insecure.
+*/}}
+{{- define "bapo.envUrl" -}}
+{{- $scheme := ternary "grpcs" "grpc" (and .Values.tls.enabled (not .Values.insecure)) -}}
+{{- printf "%s://%s.%s.svc:%d" $scheme (include "bapo.componentName" (dict "root" . "component" "env")) .Release.Namespace (int .Values.env.port) -}}
+{{- end -}}
+
+{{/*
+Refuses env values that cannot work; included by configmap.yaml (and the
+env Deployment names the image's parts again with `required`). The actor
+refuses a [reward] endpoint together with [actor.env] (an environment
+rewards its own episodes), so the chart refuses reward.enabled, a
+config.reward endpoint and a [reward] endpoint in configOverride with it;
+and it writes [actor.env] itself, so it refuses one of yours.
+*/}}
+{{- define "bapo.env.validate" -}}
+{{- $e := .Values.env -}}
+{{- if $e.enabled -}}
+{{- if .Values.reward.enabled -}}
+{{- fail "env.enabled and reward.enabled are both true: the actor refuses a [reward] endpoint together with [actor.env] (an environment rewards its own episodes); turn reward.enabled off (the environment server scores the episodes) or env.enabled off" -}}
+{{- end -}}
+{{- if not $e.image.repository -}}
+{{- fail "env.image.repository is required when env.enabled is true: the image of your environment server (e.g. one built from examples/env-server, docs/deploy.md#bring-your-own-environment)" -}}
+{{- end -}}
+{{- if not $e.image.tag -}}
+{{- fail "env.image.tag is required when env.enabled is true: the tag of your environment server's image" -}}
+{{- end -}}
+{{- if ge (int $e.maxObservationTokens) (int $e.maxEpisodeTokens) -}}
+{{- fail (printf "env.maxObservationTokens (%d) must be below env.maxEpisodeTokens (%d): one observation would leave no room for a model turn (the actor refuses it)" (int $e.maxObservationTokens) (int $e.maxEpisodeTokens)) -}}
+{{- end -}}
+{{- if .Values.configOverride -}}
+{{- if regexMatch "(?m)^\\s*\\[\\s*actor\\s*\\.\\s*env\\s*(\\]|\\.)" .Values.configOverride -}}
+{{- fail "configOverride has an [actor.env] table while env.enabled is true: the chart writes [actor.env] (pointing the actors at its environment server); drop the table from configOverride and tune it with env.maxTurns, maxEpisodeTokens, maxObservationTokens, truncate, stepTimeoutMs, episodeTimeoutSeconds, retries, backoffMs" -}}
+{{- end -}}
+{{- $rw := regexFind "(?ms)^\\s*\\[\\s*reward\\s*\\][^\\[]*?^\\s*endpoint\\s*=\\s*[\"'][^\"']*[\"']" .Values.configOverride -}}
+{{- if $rw -}}
+{{- $ep := regexReplaceAll "(?s)^.*endpoint\\s*=\\s*[\"']([^\"']*)[\"']$" $rw "${1}" -}}
+{{- if ne $ep "builtin" -}}
+{{- fail (printf "configOverride sets [reward] endpoint = %q while env.enabled is true: the actor refuses a [reward] endpoint together with [actor.env] (an environment rewards its own episodes); drop the endpoint" $ep) -}}
+{{- end -}}
+{{- end -}}
+{{- else -}}
+{{- $cr := .Values.config.reward -}}
+{{- if and (kindIs "map" $cr) (hasKey $cr "endpoint") (not (kindIs "invalid" $cr.endpoint)) (ne (toString $cr.endpoint) "builtin") -}}
+{{- fail (printf "config.reward.endpoint (%v) is set while env.enabled is true: the actor refuses a [reward] endpoint together with [actor.env] (an environment rewards its own episodes); drop config.reward.endpoint" $cr.endpoint) -}}
+{{- end -}}
+{{- $ca := default dict .Values.config.actor -}}
+{{- if and (kindIs "map" $ca) (hasKey $ca "env") (not (kindIs "invalid" $ca.env)) -}}
+{{- fail "config.actor.env is set while env.enabled is true: the chart writes the [actor.env] table (pointing the actors at its environment server); tune it with env.maxTurns, maxEpisodeTokens, maxObservationTokens, truncate, stepTimeoutMs, episodeTimeoutSeconds, retries, backoffMs" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The actors' [actor.env] table, when the chart runs the environment server. */}}
+{{- define "bapo.envToml" -}}
+{{- $e := .Values.env -}}
+{{- $ets := float64 $e.episodeTimeoutSeconds -}}
+# The environment server of this release (env.enabled): Service
+# {{ include "bapo.componentName" (dict "root" . "component" "env") }}, port {{ $e.port }}.
+[actor.env]
+kind = "grpc"
+endpoint = {{ include "bapo.envUrl" . | toJson }}
+{{- if and .Values.tls.enabled (not .Values.insecure) }}
+ca = {{ include "bapo.tls.caFile" . | toJson }}
+{{- else }}
+insecure = true
+{{- end }}
+max_turns = {{ include "bapo.tomlValue" $e.maxTurns }}
+max_episode_tokens = {{ include "bapo.tomlValue" $e.maxEpisodeTokens }}
+max_observation_tokens = {{ include "bapo.tomlValue" $e.maxObservationTokens }}
+truncate = {{ toJson $e.truncate }}
+step_timeout_ms = {{ include "bapo.tomlValue" $e.stepTimeoutMs }}
+episode_timeout_s = {{ if eq $ets (floor $ets) }}{{ printf "%d.0" (int64 $ets) }}{{ else }}{{ $ets }}{{ end }}
+retries = {{ include "bapo.tomlValue" $e.retries }}
+backoff_ms = {{ include "bapo.tomlValue" $e.backoffMs }}
+{{- end -}}
+
+{{/*
 One TOML value. Helm reads every number in values as a float64, and
 toToml writes 8 as 8.0, which an integer setting refuses; whole numbers
 are written as integers here (a float setting accepts an integer).
@@ -180,6 +261,10 @@ One [table] of the config file, then its sub-tables as [table.sub]:
 The whole config file. With reward.enabled the chart's [reward] table is
 added (also after configOverride), so the actors call the release's reward
 server; the chart then refuses a [reward] table of its own in either. With
+env.enabled the chart's [actor.env] table is added last (also after
+configOverride), so the actors play episodes against the release's
+environment server (bapo.env.validate refuses an [actor.env] of your own
+and any [reward] endpoint then). With
 actor.engine vllm, [actor] gets engine = "vllm" and the [actor.vllm] table
 (the sidecar's url, the shared weights directory).
 */}}
@@ -194,6 +279,10 @@ actor.engine vllm, [actor] gets engine = "vllm" and the [actor.vllm] table
 {{- if $rw }}
 
 {{ include "bapo.rewardToml" . }}
+{{- end }}
+{{- if .Values.env.enabled }}
+
+{{ include "bapo.envToml" . }}
 {{- end }}
 {{- else -}}
 {{- $c := .Values.config -}}
@@ -238,6 +327,10 @@ preset = {{ toJson (required "model.preset or model.hfDir is required" .Values.m
 {{- if $rw }}
 
 {{ include "bapo.rewardToml" . }}
+{{- end }}
+{{- if .Values.env.enabled }}
+
+{{ include "bapo.envToml" . }}
 {{- end }}
 {{- end -}}
 {{- end -}}

@@ -2,8 +2,8 @@
 Mutual TLS of the bapo chart: validation, identities, certificate names,
 the DNS names clients use, and the volumes, mounts, flags and probes of each
 component. Components: "buffer", "learner", "actor" ("admin" for the
-optional operator certificate, "reward" for the optional reward server,
-which serves TLS with server authentication only).
+optional operator certificate, "reward" and "env" for the optional reward
+and environment servers, which serve TLS with server authentication only).
 */}}
 
 {{/* Refuses contradictory or incomplete TLS values; included by configmap.yaml. */}}
@@ -19,7 +19,7 @@ which serves TLS with server authentication only).
 {{- end -}}
 {{- if $t.enabled -}}
 {{- if $cm.enabled -}}
-{{- if or $ex.buffer $ex.learner $ex.actor $ex.reward -}}
+{{- if or $ex.buffer $ex.learner $ex.actor $ex.reward $ex.env -}}
 {{- fail "tls.existingSecrets is set while tls.certManager.enabled is true: pick one path (tls.certManager.enabled=false to use your Secrets)" -}}
 {{- end -}}
 {{- else -}}
@@ -30,6 +30,9 @@ which serves TLS with server authentication only).
 {{- end -}}
 {{- if and .Values.reward.enabled (not $ex.reward) -}}
 {{- fail "tls.existingSecrets.reward is required when reward.enabled is true and tls.certManager.enabled is false (a Secret with tls.crt and tls.key for the reward server, carrying the DNS names of its Service, signed by a CA in the actors' ca.crt)" -}}
+{{- end -}}
+{{- if and .Values.env.enabled (not $ex.env) -}}
+{{- fail "tls.existingSecrets.env is required when env.enabled is true and tls.certManager.enabled is false (a Secret with tls.crt and tls.key for the environment server, carrying the DNS names of its Service, signed by a CA in the actors' ca.crt)" -}}
 {{- end -}}
 {{- if $cm.perPodActorIdentities -}}
 {{- fail "tls.certManager.perPodActorIdentities needs tls.certManager.enabled (cert-manager's csi-driver issues them)" -}}
@@ -75,8 +78,8 @@ actor/${POD_NAME}
 
 {{/* Key usages of a component's certificate, as a JSON list. */}}
 {{- define "bapo.tls.usages" -}}
-{{- if or (eq .component "buffer") (eq .component "reward") -}}
-{{- /* Servers only; the reward server authenticates no clients. */ -}}
+{{- if has .component (list "buffer" "reward" "env") -}}
+{{- /* Servers only; the reward and environment servers authenticate no clients. */ -}}
 ["digital signature", "server auth"]
 {{- else if eq .component "learner" -}}
 {{- /* One certificate both ways: served to actors, presented to the buffer. */ -}}
@@ -113,7 +116,8 @@ group: cert-manager.io
 DNS names of a server's certificate: (dict "root" $ "component" c). Every
 form of the Service name a client may use (the chart's own URLs use
 <svc>.<ns>.svc), the StatefulSet pod's stable name (buffer, learner; the
-reward server is a Deployment, reached through its Service only), and
+reward and environment servers are Deployments, reached through their
+Services only), and
 extraDnsNames.
 */}}
 {{- define "bapo.tls.dnsNames" -}}
@@ -139,9 +143,9 @@ extraDnsNames.
 {{- define "bapo.tls.blocklistDir" -}}/etc/bapo-blocklist{{- end -}}
 
 {{/*
-The CA bundle a client verifies servers with (--tls-ca, and the actors'
-[reward] ca): tls.caBundle's ConfigMap when set, else the ca.crt of the
-component's own certificate volume (Secret or csi-driver).
+The CA bundle a client verifies servers with (--tls-ca, and the [reward]
+ca and [actor.env] ca): tls.caBundle's ConfigMap when set, else the ca.crt
+of the component's own certificate volume (Secret or csi-driver).
 */}}
 {{- define "bapo.tls.caFile" -}}
 {{- if .Values.tls.caBundle -}}
