@@ -89,7 +89,8 @@ pub fn run(args: EpisodesBenchArgs) -> anyhow::Result<()> {
         max_observation_tokens: 32,
         ..Default::default()
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()?;
     let tok = Arc::new(tokenizer.clone());

@@ -74,7 +74,11 @@ impl EpisodeEval {
     ) -> anyhow::Result<Option<Self>> {
         let (cfg, t, tok) = (cfg.clone(), task.clone(), tokenizer.clone());
         let (runtime, setup) = std::thread::spawn(move || -> anyhow::Result<_> {
-            let runtime = tokio::runtime::Builder::new_current_thread()
+            // A worker thread of its own: `Handle::block_on` on a
+            // current-thread runtime drives no I/O, so a gRPC or OpenEnv
+            // environment's calls would never complete.
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
                 .enable_all()
                 .build()?;
             let setup = runtime.block_on(super::setup(&cfg, max_new_tokens, t, tok, chat));
