@@ -13,8 +13,6 @@
 mod common;
 
 use std::{
-    path::Path,
-    process::Stdio,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -26,38 +24,13 @@ use bapo_actor::env::{
     render::Renderer,
 };
 use bapo_policy::{Finish, Response, tokenizer::TextTokenizer};
-use bapo_proto::v1::StatsRequest;
 use bapo_tasks::Problem;
-use common::{Loop, TestBuffer, actor_config};
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-};
+use common::{Loop, actor_config, groups_admitted as admitted, wait_until};
+use tokio::process::Child;
 
 /// The reference server on `listen` with `args`, and the address it bound.
 async fn env_server(listen: &str, args: &[&str]) -> (Child, String) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/env-server.sh");
-    let mut child = Command::new("bash")
-        .arg(script)
-        .args(["serve", "--listen", listen])
-        .args(args)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("bash runs scripts/env-server.sh");
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    // The first start builds the venv (pip, about 10 s here).
-    let line = tokio::time::timeout(Duration::from_secs(600), lines.next_line())
-        .await
-        .expect("the environment server starts")
-        .unwrap()
-        .expect("the environment server prints its address");
-    let addr = line
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    (child, addr)
+    common::script_server("env-server.sh", listen, args).await
 }
 
 fn env_config(addr: &str, timeout_ms: u64, retries: u32) -> EnvConfig {
@@ -71,20 +44,6 @@ fn env_config(addr: &str, timeout_ms: u64, retries: u32) -> EnvConfig {
         retries,
         backoff_ms: 50,
         ..Default::default()
-    }
-}
-
-async fn admitted(buffer: &TestBuffer) -> u64 {
-    let mut source = buffer.source().await;
-    let stats = source.get_stats(StatsRequest {}).await.unwrap();
-    stats.into_inner().groups_admitted
-}
-
-async fn wait_until(what: &str, secs: u64, mut f: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !f().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

@@ -6,49 +6,14 @@
 //! answers; the run trains, its books reconcile, and the actors' metrics
 //! show episodes of more than one turn and tool calls.
 
+mod common;
+
 use std::{
-    path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use std::io::{BufRead, BufReader, Read, Write};
-
-/// The reference environment server on a free loopback port, and the
-/// address it bound; killed on drop.
-struct EnvServer {
-    child: std::process::Child,
-    addr: String,
-}
-
-impl Drop for EnvServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn env_server(args: &[&str]) -> EnvServer {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/env-server.sh");
-    let mut child = Command::new("bash")
-        .arg(script)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("bash runs scripts/env-server.sh");
-    // The first start builds the venv (pip, about 10 s here).
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("the environment server prints its address");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    EnvServer { child, addr }
-}
+use common::{read_json, scrape};
 
 fn config(endpoint: &str) -> String {
     format!(
@@ -98,33 +63,24 @@ step_timeout_ms = 5000
     )
 }
 
-fn scrape(url: &str) -> Option<String> {
-    let rest = url.strip_prefix("http://")?;
-    let (host, path) = rest.split_once('/')?;
-    let mut s = std::net::TcpStream::connect(host).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
-}
-
 /// The value of an unlabelled sample `name` in an exposition.
 fn sample(body: &str, name: &str) -> Option<f64> {
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-fn read_json(path: &Path) -> Option<serde_json::Value> {
-    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
-}
-
 #[test]
 fn bapo_run_trains_on_multi_turn_episodes_from_a_python_environment() {
-    let server = env_server(&["--env", "calculator"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The server lives (and is killed on drop) with `_server`.
+    let (_server, addr) = rt.block_on(common::script_server(
+        "env-server.sh",
+        "127.0.0.1:0",
+        &["--env", "calculator"],
+    ));
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("bapo.toml");
-    std::fs::write(&cfg, config(&server.addr)).unwrap();
+    std::fs::write(&cfg, config(&addr)).unwrap();
     let out = dir.path().join("run");
     let mut child = Command::new(env!("CARGO_BIN_EXE_bapo"))
         .args(["run", "--quiet", "--config"])

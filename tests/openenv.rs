@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::{path::Path, process::Stdio, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use bapo_actor::env::{
     EnvConfig, EnvKind, Environment, ResetInput, Retry,
@@ -22,36 +22,12 @@ use bapo_actor::env::{
     render::Renderer,
 };
 use bapo_policy::{Finish, Response, tokenizer::TextTokenizer};
-use bapo_proto::v1::StatsRequest;
 use bapo_tasks::Problem;
-use common::{Loop, actor_config};
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-};
+use common::{Loop, actor_config, groups_admitted, wait_until};
+use tokio::process::Child;
 
 async fn openenv_server(args: &[&str]) -> (Child, String) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/openenv-server.sh");
-    let mut child = Command::new("bash")
-        .arg(script)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("bash runs scripts/openenv-server.sh");
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    // The first start builds the venv (pip, about 40 s here).
-    let line = tokio::time::timeout(Duration::from_secs(900), lines.next_line())
-        .await
-        .expect("the OpenEnv server starts")
-        .unwrap()
-        .expect("the OpenEnv server prints its address");
-    let addr = line
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
+    let (child, addr) = common::script_server("openenv-server.sh", "127.0.0.1:0", args).await;
     (child, format!("http://{addr}"))
 }
 
@@ -230,24 +206,11 @@ async fn the_loop_trains_on_openenv_episodes() {
     cfg.env = config(&base, 1);
     cfg.env.max_episode_tokens = 300;
     let (actor, stop_actor) = common::spawn_actor(cfg, lp.actor_options("openenv"));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
-    loop {
-        let mut source = lp.buffer.source().await;
-        let stats = source
-            .get_stats(StatsRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-        if stats.groups_admitted >= 2 {
-            break;
-        }
-        assert!(!actor.is_finished(), "the actor stopped: {:?}", actor.await);
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no groups: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    wait_until("two groups of OpenEnv episodes", 300, async || {
+        assert!(!actor.is_finished(), "the actor stopped");
+        groups_admitted(&lp.buffer).await >= 2
+    })
+    .await;
     stop_actor.send(()).unwrap();
     let summary = tokio::time::timeout(Duration::from_secs(60), actor)
         .await

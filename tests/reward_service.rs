@@ -7,57 +7,16 @@
 
 mod common;
 
-use std::{path::Path, process::Stdio, time::Duration};
+use std::time::Duration;
 
 use bapo_actor::{ActorOptions, reward::RewardConfig};
 use bapo_proto::v1::{SampleRequest, StatsRequest};
-use common::{Loop, TestBuffer, actor_config};
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-};
+use common::{Loop, actor_config, groups_admitted as admitted, wait_until};
+use tokio::process::Child;
 
 /// The reference server on `listen`, and the address it bound.
 async fn reward_server(listen: &str) -> (Child, String) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/reward-server.sh");
-    let mut child = Command::new("bash")
-        .arg(script)
-        .args(["serve", "--listen", listen, "--verifier", "math"])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("bash runs scripts/reward-server.sh");
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    // The first start builds the venv (pip, about 10 s here).
-    let line = tokio::time::timeout(Duration::from_secs(600), lines.next_line())
-        .await
-        .expect("the reward server starts")
-        .unwrap()
-        .expect("the reward server prints its address");
-    let addr = line
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    (child, addr)
-}
-
-async fn admitted(buffer: &TestBuffer) -> u64 {
-    let mut source = buffer.source().await;
-    let stats = source
-        .get_stats(StatsRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    stats.groups_admitted
-}
-
-async fn wait_until(what: &str, secs: u64, mut f: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !f().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    common::script_server("reward-server.sh", listen, &["--verifier", "math"]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -4,11 +4,14 @@
 //! versions advanced, the buffer's books match the learner's, and the
 //! warm-started policy is more accurate than the untrained one.
 
+mod common;
+
 use std::{
-    path::Path,
     process::Command,
     time::{Duration, Instant},
 };
+
+use common::{read_json, scrape};
 
 const CONFIG: &str = r#"
 [run]
@@ -42,23 +45,6 @@ shutdown_grace_s = 2.0
 [actor.sampling]
 max_new_tokens = 8
 "#;
-
-fn scrape(url: &str) -> Option<String> {
-    // A blocking HTTP/1.0 GET, enough for the exporter.
-    use std::io::{Read, Write};
-    let rest = url.strip_prefix("http://")?;
-    let (host, path) = rest.split_once('/')?;
-    let mut s = std::net::TcpStream::connect(host).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
-}
-
-fn read_json(path: &Path) -> Option<serde_json::Value> {
-    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
-}
 
 #[test]
 fn bapo_run_trains_end_to_end_and_every_service_exports_metrics() {

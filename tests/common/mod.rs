@@ -286,3 +286,72 @@ impl Loop {
         actor_options(&self.buffer_url, &self.learner_url, id)
     }
 }
+
+/// A Python server of the project's own (`scripts/<script> serve --listen
+/// <listen> <args>`, which builds its venv on first use), and the address
+/// of its first stdout line, `listening on ADDR`. Killed on drop.
+pub async fn script_server(
+    script: &str,
+    listen: &str,
+    args: &[&str],
+) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts")
+        .join(script);
+    let mut child = tokio::process::Command::new("bash")
+        .arg(path)
+        .args(["serve", "--listen", listen])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("bash runs scripts/{script}: {e}"));
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    // The first start builds the venv (pip: 10-40 s here).
+    let line = tokio::time::timeout(Duration::from_secs(900), lines.next_line())
+        .await
+        .unwrap_or_else(|_| panic!("scripts/{script} starts"))
+        .unwrap()
+        .unwrap_or_else(|| panic!("scripts/{script} prints its address"));
+    let addr = line
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    (child, addr)
+}
+
+/// Groups the buffer has admitted so far.
+pub async fn groups_admitted(buffer: &TestBuffer) -> u64 {
+    let mut source = buffer.source().await;
+    let stats = source.get_stats(v1::StatsRequest {}).await.unwrap();
+    stats.into_inner().groups_admitted
+}
+
+/// Polls `f` every 200 ms until it holds; panics naming `what` after `secs`.
+pub async fn wait_until(what: &str, secs: u64, mut f: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !f().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A blocking HTTP/1.0 GET of a Prometheus exporter's page.
+pub fn scrape(url: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = rest.split_once('/')?;
+    let mut s = std::net::TcpStream::connect(host).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+/// A JSON file a run writes, once it is there and whole.
+pub fn read_json(path: &std::path::Path) -> Option<serde_json::Value> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
