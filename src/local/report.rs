@@ -76,6 +76,7 @@ pub fn line_chart(title: &str, x_label: &str, series: &[Series]) -> anyhow::Resu
         if series.len() > 1 {
             chart
                 .configure_series_labels()
+                .position(emptiest_corner(series, (x0, x1), (y0, y1)))
                 .background_style(WHITE.mix(0.8))
                 .border_style(BLACK.mix(0.3))
                 .draw()
@@ -88,6 +89,45 @@ pub fn line_chart(title: &str, x_label: &str, series: &[Series]) -> anyhow::Resu
     // invalid XML, which a browser refuses to show as an image.
     let svg = svg.replacen(" viewBox=\"0 0 640 320\"", "", 1);
     Ok(svg.replacen("<svg ", "<svg viewBox=\"0 0 640 320\" ", 1))
+}
+
+/// The corner of the plot the lines pass through least (sampled along
+/// each segment), where the legend covers the least of them: the ends of
+/// the lines, which a reader looks at first, are often in the upper right.
+fn emptiest_corner(
+    series: &[Series],
+    (x0, x1): (f64, f64),
+    (y0, y1): (f64, f64),
+) -> SeriesLabelPosition {
+    let frac = |v: f64, lo: f64, hi: f64| if hi > lo { (v - lo) / (hi - lo) } else { 0.5 };
+    let samples: Vec<(f64, f64)> = series
+        .iter()
+        .flat_map(|(_, s)| s.windows(2))
+        .flat_map(|w| {
+            let ((ax, ay), (bx, by)) = (w[0], w[1]);
+            (0..=10).map(move |k| {
+                let t = f64::from(k) / 10.0;
+                (ax + t * (bx - ax), ay + t * (by - ay))
+            })
+        })
+        .map(|(x, y)| (frac(x, x0, x1), frac(y, y0, y1)))
+        .collect();
+    let corners = [
+        (SeriesLabelPosition::UpperRight, true, true),
+        (SeriesLabelPosition::UpperLeft, false, true),
+        (SeriesLabelPosition::LowerRight, true, false),
+        (SeriesLabelPosition::LowerLeft, false, false),
+    ];
+    let inside = |right: bool, upper: bool| {
+        samples
+            .iter()
+            .filter(|&&(fx, fy)| (fx > 0.5) == right && if upper { fy > 0.55 } else { fy < 0.45 })
+            .count()
+    };
+    corners
+        .into_iter()
+        .min_by_key(|&(_, right, upper)| inside(right, upper))
+        .map_or(SeriesLabelPosition::UpperRight, |c| c.0)
 }
 
 /// The charts of one run: `(file stem, title, metrics)`.
@@ -425,6 +465,25 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+
+    #[test]
+    fn the_legend_goes_where_the_lines_are_not() {
+        let rising: Series = ("up".into(), vec![(0.0, 0.0), (10.0, 1.0)]);
+        let c = emptiest_corner(&[rising], (0.0, 10.0), (0.0, 1.0));
+        assert!(
+            matches!(
+                c,
+                SeriesLabelPosition::UpperLeft | SeriesLabelPosition::LowerRight
+            ),
+            "a rising line leaves the upper left and lower right empty"
+        );
+        let falling: Series = ("down".into(), vec![(0.0, 1.0), (10.0, 0.0)]);
+        let c = emptiest_corner(&[falling], (0.0, 10.0), (0.0, 1.0));
+        assert!(matches!(
+            c,
+            SeriesLabelPosition::UpperRight | SeriesLabelPosition::LowerLeft
+        ));
+    }
 
     #[test]
     fn metrics_become_series_and_charts_name_them() {
