@@ -23,7 +23,7 @@ use bapo_policy::{
     tokenizer::TextTokenizer,
 };
 use bapo_tasks::{Problem, Task};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{arms::Arm, probe::EntropyProbe};
 
@@ -49,7 +49,7 @@ pub struct Setup {
 }
 
 /// One probe: the primary and the in-run secondary endpoints.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Probe {
     pub step: u64,
     pub entropy: f64,
@@ -58,7 +58,7 @@ pub struct Probe {
 
 /// One optimiser update's own numbers (a batch of `E` updates has `E`
 /// rows with the same `step`).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepRow {
     /// The batch (0-based).
     pub step: u64,
@@ -82,7 +82,7 @@ pub struct StepRow {
 }
 
 /// An arm's run on one seed.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ArmRun {
     pub arm: String,
     /// Index of the warm start.

@@ -11,6 +11,7 @@
 mod analysis;
 mod arms;
 mod episode;
+mod finished;
 mod gate;
 mod probe;
 mod report;
@@ -30,6 +31,7 @@ use bapo_tasks::Split;
 use self::{
     arms::Arm,
     episode::{ArmRun, Setup},
+    finished::Finished,
     probe::EntropyProbe,
 };
 use crate::{
@@ -101,35 +103,29 @@ pub fn run(study: &LagStudy) -> anyhow::Result<()> {
         .flat_map(|w| study.seeds.iter().map(move |&s| (w, s)))
         .flat_map(|(w, s)| arms.iter().map(move |a| (a.clone(), w, s)))
         .collect();
-    let runs = run_all(&setup, &jobs, study.jobs.max(1))?;
+    let setting = setting(&cfg, study, &setup);
+    let finished = Finished::open(
+        study.out.join("finished"),
+        &fingerprinted(&setting),
+        &setup.inits,
+        commit.clone(),
+    )?;
+    let runs = run_all(&setup, &finished, &jobs, study.jobs.max(1))?;
     let verdicts = match study.design {
         Design::Lag(_) => Verdicts::Lag(analysis::analyse(&arms, &runs)),
         Design::Reuse(e) => Verdicts::Reuse(Box::new(reuse_analysis::analyse(
             e, &arms, &runs, &gates, &warm_rows,
         ))),
     };
-    let (lag, updates) = match study.design {
-        Design::Lag(k) => (Some(k), None),
-        Design::Reuse(e) => (None, Some(e)),
-    };
+    let keys: Vec<_> = jobs
+        .iter()
+        .map(|(a, w, s)| (a.id.to_string(), *w, *s))
+        .collect();
     let json = serde_json::json!({
         "command": command_line(study),
         "commit": commit,
-        "setting": {
-            "lag": lag,
-            "updates_per_batch": updates,
-            "warm_starts": study.warm_starts,
-            "probe_prompts": setup.probe.prompts.len(),
-            "probe_samples": setup.probe.k,
-            "steps": setup.steps,
-            "probe_every": study.probe_every,
-            "task": cfg.task,
-            "sampling": cfg.actor.sampling,
-            "group_size": setup.group_size,
-            "learner": setup.base,
-            "validation_problems": setup.validation.len(),
-            "test_problems": setup.test.len(),
-        },
+        "run_commits": finished.commits(&keys),
+        "setting": setting,
         "arms": arms,
         "gate0": gates,
         "analysis": verdicts,
@@ -143,6 +139,43 @@ pub fn run(study: &LagStudy) -> anyhow::Result<()> {
     }
     eprintln!("study: {}", study.out.join("results.md").display());
     Ok(())
+}
+
+/// What every run of the study shares, as `study.json` records it.
+fn setting(cfg: &ConfigFile, study: &LagStudy, setup: &Setup) -> serde_json::Value {
+    let (lag, updates) = match study.design {
+        Design::Lag(k) => (Some(k), None),
+        Design::Reuse(e) => (None, Some(e)),
+    };
+    serde_json::json!({
+        "lag": lag,
+        "updates_per_batch": updates,
+        "warm_starts": study.warm_starts,
+        "probe_prompts": setup.probe.prompts.len(),
+        "probe_samples": setup.probe.k,
+        "steps": setup.steps,
+        "probe_every": study.probe_every,
+        "task": cfg.task,
+        "sampling": cfg.actor.sampling,
+        "group_size": setup.group_size,
+        "learner": setup.base,
+        "validation_problems": setup.validation.len(),
+        "test_problems": setup.test.len(),
+    })
+}
+
+/// The part of the setting that changes a run's numbers: not how many
+/// warm starts the study has, nor the study's E or lag (each arm carries
+/// its own), so a study grown by warm starts, or the E = 1 arm shared by
+/// studies of different E, reuses the runs it already has.
+fn fingerprinted(setting: &serde_json::Value) -> serde_json::Value {
+    let mut s = setting.clone();
+    if let Some(m) = s.as_object_mut() {
+        for key in ["warm_starts", "lag", "updates_per_batch"] {
+            m.remove(key);
+        }
+    }
+    s
 }
 
 /// The arms the study runs, its flags checked.
@@ -350,9 +383,15 @@ fn setup(cfg: &ConfigFile, study: &LagStudy, inits: Vec<PathBuf>) -> anyhow::Res
     })
 }
 
-/// Every (arm, warm start, seed), `threads` at a time; results in the
-/// order of `jobs`.
-fn run_all(setup: &Setup, jobs: &[Job], threads: usize) -> anyhow::Result<Vec<ArmRun>> {
+/// Every (arm, warm start, seed), `threads` at a time, each finished one
+/// kept in `finished` and one finished before read back instead of run;
+/// results in the order of `jobs`.
+fn run_all(
+    setup: &Setup,
+    finished: &Finished,
+    jobs: &[Job],
+    threads: usize,
+) -> anyhow::Result<Vec<ArmRun>> {
     let next = Mutex::new(0usize);
     let results: Mutex<Vec<Option<anyhow::Result<ArmRun>>>> =
         Mutex::new((0..jobs.len()).map(|_| None).collect());
@@ -367,19 +406,11 @@ fn run_all(setup: &Setup, jobs: &[Job], threads: usize) -> anyhow::Result<Vec<Ar
                         *n += 1;
                         i
                     };
-                    let Some((arm, warm, seed)) = jobs.get(i) else { break };
-                    let r = setup.run(arm, *warm, *seed);
+                    let Some(job) = jobs.get(i) else { break };
+                    let (r, reused) = run_or_reuse(setup, finished, job);
                     let finished = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                     if let Ok(r) = &r {
-                        eprintln!(
-                            "study [{finished}/{}]: arm {} ({}), warm start {warm}, seed {seed}: test acc {:.3}, final entropy {:.3}, {:.0} s",
-                            jobs.len(),
-                            arm.id,
-                            arm.label,
-                            r.test_accuracy,
-                            r.probes.last().map_or(f64::NAN, |p| p.entropy),
-                            r.seconds
-                        );
+                        log_run(job, r, reused, finished, jobs.len());
                     }
                     results.lock().expect("not poisoned")[i] = Some(r);
                 }
@@ -396,6 +427,36 @@ fn run_all(setup: &Setup, jobs: &[Job], threads: usize) -> anyhow::Result<Vec<Ar
                 .with_context(|| format!("arm {} warm start {warm} seed {seed}", arm.id))
         })
         .collect()
+}
+
+/// The job's finished run if there is one (`true`), else a new run, kept.
+fn run_or_reuse(setup: &Setup, finished: &Finished, job: &Job) -> (anyhow::Result<ArmRun>, bool) {
+    let (arm, warm, seed) = job;
+    if let Some(r) = finished.load(arm, arm.id, *warm, *seed) {
+        return (Ok(r), true);
+    }
+    let r = setup.run(arm, *warm, *seed).and_then(|r| {
+        finished.save(arm, &r)?;
+        Ok(r)
+    });
+    (r, false)
+}
+
+fn log_run(job: &Job, r: &ArmRun, reused: bool, finished: usize, total: usize) {
+    let (arm, warm, seed) = job;
+    eprintln!(
+        "study [{finished}/{total}]: arm {} ({}), warm start {warm}, seed {seed}: test acc {:.3}, final entropy {:.3}, {:.0} s{}",
+        arm.id,
+        arm.label,
+        r.test_accuracy,
+        r.probes.last().map_or(f64::NAN, |p| p.entropy),
+        r.seconds,
+        if reused {
+            " (finished before, reused)"
+        } else {
+            ""
+        }
+    );
 }
 
 #[cfg(test)]

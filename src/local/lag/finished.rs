@@ -1,0 +1,258 @@
+//! Finished runs kept on disk, one file each, so a study killed after
+//! hours loses only the runs it had in flight: the rerun with the same
+//! flags reads the finished ones back and makes the rest. A study can also
+//! grow (more seeds, more arms, more warm starts) without redoing what it
+//! already has.
+//!
+//! A run is reused only under the same fingerprint: a hash of everything
+//! that changes its numbers (the setting as `study.json` records it, the
+//! arm, and the bytes of its warm start). Anything else is run again and
+//! overwritten. The code is not in the fingerprint (a fix to the report
+//! must not redo a day of runs): each file records the commit it was made
+//! at, and `study.json` lists them all, so mixed commits are visible.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::episode::ArmRun;
+
+/// The directory of finished runs and the fingerprints they must match.
+pub struct Finished {
+    dir: PathBuf,
+    /// Hash of the setting every run shares.
+    setting: String,
+    /// Hash of each warm start's files, by index.
+    warm: Vec<String>,
+    commit: Option<String>,
+}
+
+/// One finished run as stored.
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    fingerprint: String,
+    commit: Option<String>,
+    run: ArmRun,
+}
+
+impl Finished {
+    /// `setting`: what every run shares, as `study.json` records it;
+    /// `inits`: the warm starts' directories.
+    pub fn open(
+        dir: PathBuf,
+        setting: &serde_json::Value,
+        inits: &[PathBuf],
+        commit: Option<String>,
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let warm = inits
+            .iter()
+            .map(|d| hash_dir(d))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Self {
+            dir,
+            setting: hex(&Sha256::digest(setting.to_string())),
+            warm,
+            commit,
+        })
+    }
+
+    /// The run of `arm` (its definition serialised) from warm start `warm`
+    /// on `seed`, if one finished under the same fingerprint.
+    pub fn load(&self, arm: &impl Serialize, arm_id: &str, warm: u64, seed: u64) -> Option<ArmRun> {
+        let path = self.path(arm_id, warm, seed);
+        let text = std::fs::read_to_string(&path).ok()?;
+        let stored: Stored = match serde_json::from_str(&text) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!(
+                    "study: {} unreadable ({e}); running it again",
+                    path.display()
+                );
+                return None;
+            }
+        };
+        if stored.fingerprint != self.fingerprint(arm, warm).ok()? {
+            eprintln!(
+                "study: {} was made under another setting; running it again",
+                path.display()
+            );
+            return None;
+        }
+        Some(stored.run)
+    }
+
+    /// Keeps `run` (written aside, then renamed: a kill mid-write leaves
+    /// the old file or none, never half of one).
+    pub fn save(&self, arm: &impl Serialize, run: &ArmRun) -> anyhow::Result<()> {
+        let stored = Stored {
+            fingerprint: self.fingerprint(arm, run.warm)?,
+            commit: self.commit.clone(),
+            run: run.clone(),
+        };
+        let path = self.path(&run.arm, run.warm, run.seed);
+        let tmp = path.with_extension("partial");
+        std::fs::write(&tmp, serde_json::to_string(&stored)?)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("moving {}", path.display()))?;
+        Ok(())
+    }
+
+    /// The commits the finished runs of `keys` were made at, each once.
+    pub fn commits(&self, keys: &[(String, u64, u64)]) -> Vec<String> {
+        let mut out: Vec<String> = keys
+            .iter()
+            .filter_map(|(arm, w, s)| std::fs::read_to_string(self.path(arm, *w, *s)).ok())
+            .filter_map(|t| serde_json::from_str::<Stored>(&t).ok()?.commit)
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn fingerprint(&self, arm: &impl Serialize, warm: u64) -> anyhow::Result<String> {
+        let warm = self
+            .warm
+            .get(warm as usize)
+            .with_context(|| format!("no warm start {warm}"))?;
+        let arm = serde_json::to_string(arm)?;
+        Ok(hex(&Sha256::digest(format!(
+            "{}\n{arm}\n{warm}",
+            self.setting
+        ))))
+    }
+
+    fn path(&self, arm: &str, warm: u64, seed: u64) -> PathBuf {
+        self.dir.join(format!("{arm}-w{warm}-s{seed}.json"))
+    }
+}
+
+/// Hash of a warm start: its files' names and bytes, in name order.
+fn hash_dir(dir: &Path) -> anyhow::Result<String> {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    names.sort();
+    let mut h = Sha256::new();
+    for path in names.iter().filter(|p| p.is_file()) {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        h.update(
+            path.file_name()
+                .map(|n| n.as_encoded_bytes())
+                .unwrap_or_default(),
+        );
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::lag::episode::{Probe, StepRow};
+
+    fn run() -> ArmRun {
+        ArmRun {
+            arm: "p2".into(),
+            warm: 0,
+            seed: 3,
+            probes: vec![Probe {
+                step: 0,
+                entropy: 0.1 + 0.2,
+                val_accuracy: 1.0 / 3.0,
+            }],
+            steps: vec![StepRow {
+                step: 0,
+                update: 1,
+                reward: std::f64::consts::PI,
+                pos_fraction: Some(0.352),
+                ..StepRow::default()
+            }],
+            test_accuracy: 0.076,
+            test_pass_at_k: None,
+            seconds: 191.5,
+        }
+    }
+
+    /// A warm start directory with one file of the given bytes.
+    fn warm(root: &Path, bytes: &[u8]) -> PathBuf {
+        let dir = root.join("warm");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+        dir
+    }
+
+    fn open(root: &Path, setting: serde_json::Value) -> Finished {
+        let inits = [root.join("warm")];
+        Finished::open(
+            root.join("finished"),
+            &setting,
+            &inits,
+            Some("abc1234".into()),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_finished_run_reads_back_to_the_same_bits_under_its_fingerprint() {
+        let root = tempfile::tempdir().unwrap();
+        warm(root.path(), b"weights");
+        let setting = serde_json::json!({"steps": 60, "lr": 1e-4});
+        let arm = serde_json::json!({"id": "p2", "updates": 2});
+        let store = open(root.path(), setting.clone());
+        assert_eq!(store.load(&arm, "p2", 0, 3), None, "nothing finished yet");
+        store.save(&arm, &run()).unwrap();
+        // A rerun (a new process) opens the same directory.
+        let again = open(root.path(), setting);
+        assert_eq!(again.load(&arm, "p2", 0, 3), Some(run()));
+        assert_eq!(again.load(&arm, "p2", 0, 4), None, "another seed");
+        assert_eq!(
+            again.commits(&[("p2".into(), 0, 3), ("p2".into(), 0, 4)]),
+            ["abc1234"]
+        );
+    }
+
+    #[test]
+    fn a_run_made_under_anything_else_is_not_reused() {
+        let root = tempfile::tempdir().unwrap();
+        warm(root.path(), b"weights");
+        let setting = serde_json::json!({"steps": 60});
+        let arm = serde_json::json!({"id": "p2", "updates": 2});
+        open(root.path(), setting.clone())
+            .save(&arm, &run())
+            .unwrap();
+
+        let other_setting = open(root.path(), serde_json::json!({"steps": 61}));
+        assert_eq!(other_setting.load(&arm, "p2", 0, 3), None);
+        let other_arm = serde_json::json!({"id": "p2", "updates": 4});
+        assert_eq!(
+            open(root.path(), setting.clone()).load(&other_arm, "p2", 0, 3),
+            None
+        );
+        warm(root.path(), b"other weights");
+        assert_eq!(open(root.path(), setting).load(&arm, "p2", 0, 3), None);
+    }
+
+    #[test]
+    fn a_damaged_file_is_run_again_not_an_error() {
+        let root = tempfile::tempdir().unwrap();
+        warm(root.path(), b"weights");
+        let arm = serde_json::json!({"id": "p2"});
+        let store = open(root.path(), serde_json::json!({}));
+        store.save(&arm, &run()).unwrap();
+        let path = root.path().join("finished/p2-w0-s3.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, &text[..text.len() / 2]).unwrap();
+        assert_eq!(store.load(&arm, "p2", 0, 3), None);
+        store.save(&arm, &run()).unwrap();
+        assert_eq!(store.load(&arm, "p2", 0, 3), Some(run()));
+    }
+}

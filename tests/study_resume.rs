@@ -1,0 +1,149 @@
+//! A controlled study killed with SIGKILL after some of its runs finished,
+//! then started again with the same flags: the finished runs come back
+//! from disk untouched (neither redone nor lost), the rest are made, and
+//! the results hold every run.
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// A study small enough for a test: a few SFT steps, two tiny arms, two
+/// seeds, three batches each.
+const CONFIG: &str = r#"
+[run]
+eval_problems = 8
+pass_k = 1
+
+[model]
+preset = "tiny"
+seed = 0
+
+[task]
+name = "countdown-trace"
+difficulty = 1
+seed = 0
+
+[sft]
+steps = 20
+batch = 8
+lr = 3e-3
+warmup_steps = 2
+check_every = 100
+check_problems = 8
+
+[learner]
+algo = "bapo"
+batch_groups = 2
+lr = 1e-4
+warmup_steps = 0
+decay = "constant"
+temperature = 1.0
+steps = 3
+eval_problems = 8
+eval_max_new_tokens = 24
+
+[actor]
+group_size = 4
+
+[actor.sampling]
+temperature = 1.0
+max_new_tokens = 24
+"#;
+
+fn start(dir: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_bapo"))
+        .args(["study", "--reuse", "2", "--arms", "a,p2", "--seeds", "0,1"])
+        .args([
+            "--probe-every",
+            "3",
+            "--probe-prompts",
+            "4",
+            "--probe-samples",
+            "2",
+        ])
+        .args(["--gate-groups", "0", "--jobs", "1"])
+        .arg("--config")
+        .arg(dir.join("config.toml"))
+        .arg("--out")
+        .arg(dir.join("study"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running bapo study")
+}
+
+fn finished_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("study/finished"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.ends_with(".json"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_killed_study_keeps_its_finished_runs_and_makes_the_rest() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("config.toml"), CONFIG).expect("config");
+
+    let mut first = start(dir.path());
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while finished_files(dir.path()).is_empty() {
+        assert!(
+            first.try_wait().expect("waiting").is_none(),
+            "the study ended before any run finished"
+        );
+        assert!(Instant::now() < deadline, "no run finished in 10 minutes");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    first.kill().expect("SIGKILL");
+    first.wait().expect("reaped");
+    let kept = finished_files(dir.path());
+    assert!(kept.len() < 4, "killed before the end: {kept:?}");
+    let before: Vec<Vec<u8>> = kept
+        .iter()
+        .map(|n| std::fs::read(dir.path().join("study/finished").join(n)).expect("read"))
+        .collect();
+
+    let second = start(dir.path()).wait_with_output().expect("rerun");
+    let log = String::from_utf8_lossy(&second.stderr);
+    assert!(second.status.success(), "{log}");
+    assert_eq!(
+        log.matches("(finished before, reused)").count(),
+        kept.len(),
+        "{log}"
+    );
+    for (name, bytes) in kept.iter().zip(&before) {
+        let now = std::fs::read(dir.path().join("study/finished").join(name)).expect("read");
+        assert_eq!(&now, bytes, "{name} was made again");
+    }
+    assert_eq!(finished_files(dir.path()).len(), 4);
+    let study: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("study/study.json")).expect("study.json"),
+    )
+    .expect("json");
+    let runs = study["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 4);
+    for run in runs {
+        let name = format!(
+            "{}-w{}-s{}.json",
+            run["arm"].as_str().expect("arm"),
+            run["warm"],
+            run["seed"]
+        );
+        let stored: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("study/finished").join(&name))
+                .expect("stored"),
+        )
+        .expect("json");
+        assert_eq!(
+            &stored["run"], run,
+            "{name}: the results differ from the stored run"
+        );
+    }
+}
