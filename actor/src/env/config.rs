@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::grpc_endpoint::{EndpointError, GrpcEndpoint};
+
 /// Where an episode's observations come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -142,15 +144,15 @@ pub enum EnvConfigError {
          \"openenv\") to use it"
     )]
     EndpointUnused(String),
-    #[error("actor.env.ca is needed with a grpcs:// endpoint (it verifies the server)")]
-    NoCa,
-    #[error("actor.env.{0} only applies to a grpcs:// endpoint")]
-    TlsOnly(&'static str),
+    #[error(transparent)]
+    Grpc(EndpointError),
     #[error(
-        "actor.env.endpoint = {0:?} is plaintext beyond loopback: use grpcs:// with \
-         actor.env.ca, or set actor.env.insecure = true"
+        "actor.env.endpoint = {0:?} is plaintext beyond loopback (OpenEnv is spoken \
+         without TLS): set actor.env.insecure = true to allow it"
     )]
     Plaintext(String),
+    #[error("actor.env.ca and actor.env.server_name do not apply to kind = \"openenv\" (no TLS)")]
+    OpenEnvTls,
     #[error(
         "actor.env.max_observation_tokens = {obs} leaves no room for a model turn within \
          actor.env.max_episode_tokens = {episode}"
@@ -215,12 +217,11 @@ impl EnvConfig {
         if host.is_empty() || rest.contains('/') {
             return Err(bad());
         }
-        let loopback = matches!(host, "127.0.0.1" | "localhost" | "[::1]");
-        if !loopback && !self.insecure {
+        if !self.insecure && !bapo_proto::tls::is_loopback_url(&self.endpoint) {
             return Err(EnvConfigError::Plaintext(self.endpoint.clone()));
         }
         if self.ca.is_some() || self.server_name.is_some() {
-            return Err(EnvConfigError::TlsOnly("ca/server_name"));
+            return Err(EnvConfigError::OpenEnvTls);
         }
         let o = &self.openenv;
         let field = |field, why: String| EnvConfigError::OpenEnv { field, why };
@@ -249,31 +250,23 @@ impl EnvConfig {
     }
 
     fn url(&self) -> Result<(String, bool), EnvConfigError> {
-        let bad = || EnvConfigError::Endpoint(self.endpoint.clone());
-        let (scheme, rest) = self.endpoint.split_once("://").ok_or_else(bad)?;
-        let tls = match scheme {
-            "grpc" => false,
-            "grpcs" => true,
-            _ => return Err(bad()),
-        };
-        let host = rest.rsplit_once(':').map(|(h, _)| h).ok_or_else(bad)?;
-        if host.is_empty() || rest.contains('/') {
-            return Err(bad());
+        let target = self.grpc().target().map_err(|e| match e {
+            EndpointError::Malformed(..) => EnvConfigError::Endpoint(self.endpoint.clone()),
+            e => EnvConfigError::Grpc(e),
+        })?;
+        Ok((target.url, target.tls))
+    }
+
+    /// The endpoint and its TLS settings, for the shared parser and
+    /// channel builder.
+    pub fn grpc(&self) -> GrpcEndpoint<'_> {
+        GrpcEndpoint {
+            table: "actor.env",
+            endpoint: &self.endpoint,
+            ca: self.ca.as_deref(),
+            server_name: self.server_name.as_deref(),
+            insecure: self.insecure,
         }
-        match (tls, &self.ca) {
-            (true, None) => return Err(EnvConfigError::NoCa),
-            (false, Some(_)) => return Err(EnvConfigError::TlsOnly("ca")),
-            _ => {}
-        }
-        if !tls && self.server_name.is_some() {
-            return Err(EnvConfigError::TlsOnly("server_name"));
-        }
-        let loopback = matches!(host, "127.0.0.1" | "localhost" | "[::1]");
-        if !tls && !loopback && !self.insecure {
-            return Err(EnvConfigError::Plaintext(self.endpoint.clone()));
-        }
-        let scheme = if tls { "https" } else { "http" };
-        Ok((format!("{scheme}://{rest}"), tls))
     }
 }
 

@@ -6,8 +6,6 @@
 //! A server that no longer knows an episode (it restarted) answers
 //! NOT_FOUND, and the episode is dropped without a retry.
 
-use std::time::Duration;
-
 use bapo_proto::{
     packed,
     v1::{
@@ -15,16 +13,13 @@ use bapo_proto::{
         environment_service_client::EnvironmentServiceClient,
     },
 };
-use tonic::{
-    Code,
-    transport::{Certificate, Channel, ClientTlsConfig, Endpoint},
-};
+use tonic::{Code, transport::Channel};
 
 use super::{
     EnvConfig, EnvError, EnvInfo, Environment, Message, Observation, ResetInput, Started,
     StepOutcome, Turn,
 };
-use crate::reward::BoxFuture;
+use crate::{grpc_endpoint::Target, reward::BoxFuture};
 
 /// Largest observation accepted, contents or token ids, in bytes.
 pub const MAX_OBSERVATION_BYTES: usize = 1 << 20;
@@ -42,20 +37,11 @@ pub struct Remote {
 impl Remote {
     /// A lazily connected client of `url` (from [`EnvConfig::validate`]).
     pub fn new(cfg: &EnvConfig, url: &str, tls: bool) -> anyhow::Result<Self> {
-        let mut ep = Endpoint::from_shared(url.to_string())?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true);
-        if tls {
-            bapo_proto::tls::install_default_provider();
-            let ca_path = cfg.ca.as_ref().expect("checked: grpcs has a CA");
-            let ca = std::fs::read(ca_path)
-                .map_err(|e| anyhow::anyhow!("reading actor.env.ca {}: {e}", ca_path.display()))?;
-            let mut t = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
-            if let Some(name) = &cfg.server_name {
-                t = t.domain_name(name.clone());
-            }
-            ep = ep.tls_config(t)?;
-        }
+        let target = Target {
+            url: url.to_string(),
+            tls,
+        };
+        let ep = cfg.grpc().channel(&target)?;
         Ok(Self {
             client: EnvironmentServiceClient::new(ep.connect_lazy()),
             url: url.to_string(),

@@ -5,6 +5,8 @@ use std::{path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
+use crate::grpc_endpoint::{EndpointError, GrpcEndpoint};
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RewardConfig {
@@ -70,15 +72,8 @@ pub enum RewardConfigError {
     BuiltinTask { named: String, task: String },
     #[error("reward.{0} must be at least 1")]
     Zero(&'static str),
-    #[error("reward.ca is needed with a grpcs:// endpoint (it verifies the server)")]
-    NoCa,
-    #[error("reward.{0} only applies to a grpcs:// endpoint")]
-    TlsOnly(&'static str),
-    #[error(
-        "reward.endpoint = {0:?} is plaintext beyond loopback: use grpcs:// with \
-         reward.ca, or set reward.insecure = true"
-    )]
-    Plaintext(String),
+    #[error(transparent)]
+    Grpc(EndpointError),
     #[error(
         "actor.shaping.format_bonus needs the task's own format check, which a reward \
          service does not have: set it to 0 with a grpc endpoint (the service can \
@@ -100,38 +95,32 @@ impl RewardConfig {
                 return Err(RewardConfigError::Zero(name));
             }
         }
-        let (scheme, rest) = match self.endpoint.split_once("://") {
-            Some(x) => x,
-            None => return self.builtin(task),
-        };
-        let tls = match scheme {
-            "grpc" => false,
-            "grpcs" => true,
-            _ => return Err(bad()),
-        };
-        let host = rest.rsplit_once(':').map(|(h, _)| h).ok_or_else(bad)?;
-        if host.is_empty() || rest.contains('/') {
-            return Err(bad());
+        if !self.endpoint.contains("://") {
+            return self.builtin(task);
         }
-        match (tls, &self.ca) {
-            (true, None) => return Err(RewardConfigError::NoCa),
-            (false, Some(_)) => return Err(RewardConfigError::TlsOnly("ca")),
-            _ => {}
-        }
-        if !tls && self.server_name.is_some() {
-            return Err(RewardConfigError::TlsOnly("server_name"));
-        }
-        if !tls && !self.insecure && !bapo_proto::tls::is_loopback_url(&self.endpoint) {
-            return Err(RewardConfigError::Plaintext(self.endpoint.clone()));
-        }
+        let target = self.grpc().target().map_err(|e| match e {
+            EndpointError::Malformed(..) => bad(),
+            e => RewardConfigError::Grpc(e),
+        })?;
         if format_bonus != 0.0 {
             return Err(RewardConfigError::FormatBonus);
         }
-        let scheme = if tls { "https" } else { "http" };
         Ok(Source::Remote {
-            url: format!("{scheme}://{rest}"),
-            tls,
+            url: target.url,
+            tls: target.tls,
         })
+    }
+
+    /// The endpoint and its TLS settings, for the shared parser and
+    /// channel builder.
+    pub fn grpc(&self) -> GrpcEndpoint<'_> {
+        GrpcEndpoint {
+            table: "reward",
+            endpoint: &self.endpoint,
+            ca: self.ca.as_deref(),
+            server_name: self.server_name.as_deref(),
+            insecure: self.insecure,
+        }
     }
 
     fn builtin(&self, task: &str) -> Result<Source, RewardConfigError> {

@@ -18,12 +18,10 @@ use bapo_proto::{
     },
 };
 use tokio::sync::Semaphore;
-use tonic::{
-    Code,
-    transport::{Certificate, Channel, ClientTlsConfig, Endpoint},
-};
+use tonic::{Code, transport::Channel};
 
 use super::{BoxFuture, Group, RewardConfig, RewardError, Scored, Verifier};
+use crate::grpc_endpoint::Target;
 
 /// Sub-scores per completion, at most (each becomes a metadata entry).
 const MAX_SUB_SCORES: usize = 16;
@@ -47,24 +45,6 @@ struct Declared {
     max: f32,
 }
 
-fn endpoint(cfg: &RewardConfig, url: &str, tls: bool) -> anyhow::Result<Endpoint> {
-    let mut ep = Endpoint::from_shared(url.to_string())?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true);
-    if tls {
-        bapo_proto::tls::install_default_provider();
-        let ca_path = cfg.ca.as_ref().expect("checked: grpcs has a CA");
-        let ca = std::fs::read(ca_path)
-            .map_err(|e| anyhow::anyhow!("reading reward.ca {}: {e}", ca_path.display()))?;
-        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
-        if let Some(name) = &cfg.server_name {
-            tls = tls.domain_name(name.clone());
-        }
-        ep = ep.tls_config(tls)?;
-    }
-    Ok(ep)
-}
-
 fn status_error(what: &str, s: &tonic::Status, timeout: Duration) -> RewardError {
     let reason = match s.code() {
         Code::DeadlineExceeded | Code::Cancelled => "timeout",
@@ -85,7 +65,11 @@ fn status_error(what: &str, s: &tonic::Status, timeout: Duration) -> RewardError
 
 impl Remote {
     pub fn new(cfg: &RewardConfig, url: &str, tls: bool) -> anyhow::Result<Self> {
-        let channel = endpoint(cfg, url, tls)?.connect_lazy();
+        let target = Target {
+            url: url.to_string(),
+            tls,
+        };
+        let channel = cfg.grpc().channel(&target)?.connect_lazy();
         Ok(Self {
             client: RewardServiceClient::new(channel),
             url: url.to_string(),

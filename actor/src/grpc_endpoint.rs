@@ -1,0 +1,177 @@
+//! A gRPC service named in a config table (`[reward]`, `[actor.env]`):
+//! `grpc://host:port` (plaintext, loopback only unless the table says
+//! `insecure`) or `grpcs://host:port` (TLS, the server verified against the
+//! table's `ca`). One parser and one channel builder, so every table that
+//! names a service accepts, refuses and connects alike, and its errors name
+//! the table's own keys.
+
+use std::{path::Path, time::Duration};
+
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+/// A table's endpoint and TLS settings, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct GrpcEndpoint<'a> {
+    /// The table's name in errors: `reward`, `actor.env`.
+    pub table: &'static str,
+    pub endpoint: &'a str,
+    pub ca: Option<&'a Path>,
+    pub server_name: Option<&'a str>,
+    pub insecure: bool,
+}
+
+/// Where to connect: a tonic URL (`http://` or `https://`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub url: String,
+    pub tls: bool,
+}
+
+/// An endpoint setting that cannot mean what it says, named by its table.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EndpointError {
+    /// Not `grpc[s]://host:port`; the table says what it expects instead.
+    #[error("{0}.endpoint = {1:?}: expected \"grpc://host:port\" or \"grpcs://host:port\"")]
+    Malformed(&'static str, String),
+    #[error("{0}.ca is needed with a grpcs:// endpoint (it verifies the server)")]
+    NoCa(&'static str),
+    #[error("{0}.{1} only applies to a grpcs:// endpoint")]
+    TlsOnly(&'static str, &'static str),
+    #[error(
+        "{0}.endpoint = {1:?} is plaintext beyond loopback: use grpcs:// with {0}.ca, or set \
+         {0}.insecure = true"
+    )]
+    Plaintext(&'static str, String),
+}
+
+impl GrpcEndpoint<'_> {
+    /// Checks the settings together and says where to connect.
+    pub fn target(&self) -> Result<Target, EndpointError> {
+        let bad = || EndpointError::Malformed(self.table, self.endpoint.to_string());
+        let (scheme, rest) = self.endpoint.split_once("://").ok_or_else(bad)?;
+        let tls = match scheme {
+            "grpc" => false,
+            "grpcs" => true,
+            _ => return Err(bad()),
+        };
+        let host = rest.rsplit_once(':').map(|(h, _)| h).ok_or_else(bad)?;
+        if host.is_empty() || rest.contains('/') {
+            return Err(bad());
+        }
+        match (tls, self.ca) {
+            (true, None) => return Err(EndpointError::NoCa(self.table)),
+            (false, Some(_)) => return Err(EndpointError::TlsOnly(self.table, "ca")),
+            _ => {}
+        }
+        if !tls && self.server_name.is_some() {
+            return Err(EndpointError::TlsOnly(self.table, "server_name"));
+        }
+        if !tls && !self.insecure && !bapo_proto::tls::is_loopback_url(self.endpoint) {
+            return Err(EndpointError::Plaintext(
+                self.table,
+                self.endpoint.to_string(),
+            ));
+        }
+        let scheme = if tls { "https" } else { "http" };
+        Ok(Target {
+            url: format!("{scheme}://{rest}"),
+            tls,
+        })
+    }
+
+    /// A tonic endpoint for `target` (from [`Self::target`]), TLS set up
+    /// with the table's CA and server name; nothing is dialled yet.
+    pub fn channel(&self, target: &Target) -> anyhow::Result<Endpoint> {
+        let mut ep = Endpoint::from_shared(target.url.clone())?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        if target.tls {
+            bapo_proto::tls::install_default_provider();
+            let ca_path = self
+                .ca
+                .ok_or_else(|| anyhow::anyhow!("{}", EndpointError::NoCa(self.table)))?;
+            let ca = std::fs::read(ca_path).map_err(|e| {
+                anyhow::anyhow!("reading {}.ca {}: {e}", self.table, ca_path.display())
+            })?;
+            let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+            if let Some(name) = self.server_name {
+                tls = tls.domain_name(name);
+            }
+            ep = ep.tls_config(tls)?;
+        }
+        Ok(ep)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(endpoint: &str, ca: Option<&str>, insecure: bool) -> Result<Target, EndpointError> {
+        GrpcEndpoint {
+            table: "t",
+            endpoint,
+            ca: ca.map(Path::new),
+            server_name: None,
+            insecure,
+        }
+        .target()
+    }
+
+    #[test]
+    fn grpc_and_grpcs_become_tonic_urls() {
+        let plain = target("grpc://127.0.0.1:50061", None, false).unwrap();
+        assert_eq!(plain.url, "http://127.0.0.1:50061");
+        assert!(!plain.tls);
+        assert!(
+            target("grpc://[::1]:1", None, false).is_ok(),
+            "IPv6 loopback"
+        );
+        assert!(target("grpc://localhost:1", None, false).is_ok());
+        let tls = target("grpcs://svc.ns:50061", Some("ca.pem"), false).unwrap();
+        assert_eq!(tls.url, "https://svc.ns:50061");
+        assert!(tls.tls);
+        assert!(
+            target("grpc://svc.ns:1", None, true).is_ok(),
+            "insecure allows it"
+        );
+    }
+
+    #[test]
+    fn each_refusal_names_the_tables_key() {
+        let err = |e: &str, ca: Option<&str>| target(e, ca, false).unwrap_err().to_string();
+        assert!(err("http://x:1", None).contains("t.endpoint"));
+        assert!(err("grpc://:1", None).contains("t.endpoint"));
+        assert!(err("grpc://x:1/path", None).contains("t.endpoint"));
+        assert!(err("grpcs://x:1", None).contains("t.ca is needed"));
+        assert!(err("grpc://127.0.0.1:1", Some("ca")).contains("t.ca only"));
+        assert!(err("grpc://10.0.0.5:1", None).contains("t.insecure"));
+        let named = GrpcEndpoint {
+            table: "t",
+            endpoint: "grpc://127.0.0.1:1",
+            ca: None,
+            server_name: Some("x"),
+            insecure: false,
+        };
+        assert!(
+            named
+                .target()
+                .unwrap_err()
+                .to_string()
+                .contains("t.server_name")
+        );
+    }
+
+    #[test]
+    fn a_missing_ca_file_is_named_when_the_channel_is_built() {
+        let ep = GrpcEndpoint {
+            table: "t",
+            endpoint: "grpcs://x:1",
+            ca: Some(Path::new("/nonexistent/ca.pem")),
+            server_name: None,
+            insecure: false,
+        };
+        let e = ep.channel(&ep.target().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("reading t.ca /nonexistent/ca.pem"), "{e}");
+    }
+}
