@@ -54,6 +54,10 @@ pub struct Probe {
     pub step: u64,
     pub entropy: f64,
     pub val_accuracy: f64,
+    /// Validation accuracy of the entropy probe's samples, at the training
+    /// temperature (absent in runs made before it was measured).
+    #[serde(default)]
+    pub sampled_accuracy: Option<f64>,
 }
 
 /// One optimiser update's own numbers (a batch of `E` updates has `E`
@@ -102,6 +106,7 @@ pub struct WarmRow {
     pub warm: u64,
     pub entropy: f64,
     pub val_accuracy: f64,
+    pub sampled_accuracy: Option<f64>,
     pub test_accuracy: f64,
     pub test_pass_at_k: Option<f64>,
 }
@@ -139,6 +144,7 @@ impl Setup {
             warm,
             entropy: probe.entropy,
             val_accuracy: probe.val_accuracy,
+            sampled_accuracy: probe.sampled_accuracy,
             test_accuracy: test.greedy_accuracy,
             test_pass_at_k: test.pass_at_k,
         })
@@ -209,9 +215,18 @@ impl Setup {
     }
 
     fn probe(&self, step: u64, policy: &Policy) -> Probe {
+        let full = self.task.reward_range().1;
+        let reading = self.probe.measure(policy, |i, r| {
+            let text = completion(&self.tokenizer, &r.tokens, &self.stop);
+            let truncated = r.finish == Some(bapo_policy::Finish::Length);
+            self.task
+                .score_response(&self.validation[i], &text, truncated)
+                >= full
+        });
         Probe {
             step,
-            entropy: self.probe.measure(policy),
+            entropy: reading.entropy,
+            sampled_accuracy: Some(reading.accuracy),
             val_accuracy: self
                 .evaluate(policy, &self.validation, None)
                 .greedy_accuracy,
@@ -327,6 +342,7 @@ pub(super) fn synthetic_run(
         step,
         entropy,
         val_accuracy,
+        sampled_accuracy: Some(val_accuracy),
     };
     ArmRun {
         arm: arm.into(),

@@ -168,6 +168,7 @@ mod tests {
                 step: 0,
                 entropy: 0.1 + 0.2,
                 val_accuracy: 1.0 / 3.0,
+                sampled_accuracy: Some(0.7),
             }],
             steps: vec![StepRow {
                 step: 0,

@@ -1,9 +1,12 @@
 //! The primary endpoint: the token entropy of fresh on-policy samples at
 //! the training temperature. The training batch's own entropy is measured
 //! on stale samples (at lag K they come from a policy K updates old), so it
-//! says less about the current policy than samples drawn from it.
+//! says less about the current policy than samples drawn from it. The
+//! same samples, scored, give the validation accuracy at the training
+//! temperature: the quantity RL raises, which greedy decoding of a small
+//! model at its ceiling can hide.
 
-use bapo_policy::{Generation, Policy, SamplingParams};
+use bapo_policy::{Generation, Policy, Response, SamplingParams};
 
 /// Fixed prompts, sampled `k` times each at every probe with the same
 /// seeds, so two probes differ only in the policy.
@@ -13,11 +16,21 @@ pub struct EntropyProbe {
     pub params: SamplingParams,
 }
 
+/// What one probe measured on its fresh samples.
+#[derive(Debug, Clone, Copy)]
+pub struct Reading {
+    /// Mean entropy (nats) over the response tokens.
+    pub entropy: f64,
+    /// Share of the samples `correct` accepts.
+    pub accuracy: f64,
+}
+
 impl EntropyProbe {
     /// Mean entropy (nats) over the response tokens of fresh samples, each
-    /// position's distribution at the sampling temperature.
-    pub fn measure(&self, policy: &Policy) -> f64 {
-        let (mut sum, mut n) = (0.0, 0usize);
+    /// position's distribution at the sampling temperature, and the share
+    /// of them `correct(prompt index, response)` accepts.
+    pub fn measure(&self, policy: &Policy, correct: impl Fn(usize, &Response) -> bool) -> Reading {
+        let (mut sum, mut n, mut right, mut samples) = (0.0, 0usize, 0usize, 0usize);
         for (i, prompt) in self.prompts.iter().enumerate() {
             let params = SamplingParams {
                 seed: self.params.seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
@@ -25,13 +38,19 @@ impl EntropyProbe {
             };
             let mut g = Generation::new(prompt.clone(), self.k, params);
             g.run(policy, 0);
-            let responses: Vec<Vec<u32>> =
-                g.into_responses().into_iter().map(|r| r.tokens).collect();
-            let (s, c) = response_entropy(policy, prompt, &responses, self.params.temperature);
+            let responses = g.into_responses();
+            right += responses.iter().filter(|r| correct(i, r)).count();
+            samples += responses.len();
+            let tokens: Vec<Vec<u32>> = responses.into_iter().map(|r| r.tokens).collect();
+            let (s, c) = response_entropy(policy, prompt, &tokens, self.params.temperature);
             sum += s;
             n += c;
         }
-        if n == 0 { f64::NAN } else { sum / n as f64 }
+        let mean = |x: f64, n: usize| if n == 0 { f64::NAN } else { x / n as f64 };
+        Reading {
+            entropy: mean(sum, n),
+            accuracy: mean(right as f64, samples),
+        }
     }
 }
 

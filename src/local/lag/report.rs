@@ -107,7 +107,7 @@ pub(super) fn write_charts(
     let charts = out.join("charts");
     std::fs::create_dir_all(&charts)?;
     type Pick = fn(&ArmRun) -> Vec<(f64, f64)>;
-    let list: [(&str, &str, Pick); 3] = [
+    let list: [(&str, &str, Pick); 4] = [
         ("entropy", "fresh-sample entropy (nats)", |r| {
             r.probes
                 .iter()
@@ -120,6 +120,16 @@ pub(super) fn write_charts(
                 .map(|p| (p.step as f64, p.val_accuracy))
                 .collect()
         }),
+        (
+            "val_sampled",
+            "validation accuracy (sampled at the training temperature)",
+            |r| {
+                r.probes
+                    .iter()
+                    .filter_map(|p| Some((p.step as f64, p.sampled_accuracy?)))
+                    .collect()
+            },
+        ),
         ("reward", "batch reward (mean of 25 steps)", |r| {
             let pts: Vec<(f64, f64)> = r
                 .steps

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::{
     analysis::{ALPHA, ArmSummary, GATE1_MISS, summarise},
     arms::Arm,
-    episode::{ArmRun, WarmRow},
+    episode::{ArmRun, Probe, WarmRow},
     gate::Gate0,
     stats::{Paired, detectable_effect, holm, mean_sd, non_inferiority_p, paired},
 };
@@ -44,8 +44,14 @@ pub struct DoseResponse {
     /// Mean entropy change at each E (seed means).
     pub by_updates: Vec<(u64, f64)>,
     pub slope: Option<Paired>,
-    /// Arm a's validation accuracy, end minus start, paired over runs.
+    /// Arm a's greedy validation accuracy, end minus start, paired over
+    /// runs.
     pub on_policy_gain: Option<Paired>,
+    /// The same at the training temperature (the entropy probe's samples,
+    /// scored): what the gate reads when every run of arm a measured it.
+    /// RL raises sampled accuracy; greedy decoding of the tiny model sat at
+    /// its ceiling while batch reward rose (gate probe L1).
+    pub on_policy_sampled_gain: Option<Paired>,
     pub passed: Option<bool>,
     /// Entropy change of the reuse arm minus its equal-update control
     /// (`pE` − `uE`) at every E where both ran: what reuse costs beyond
@@ -241,16 +247,10 @@ fn dose_response(arms: &[Arm], runs: &[ArmRun], updates: u64) -> DoseResponse {
         .map(|pts| super::stats::slope(pts))
         .collect();
     let slope = paired(&slopes, &vec![0.0; slopes.len()]);
-    let (end, start): (Vec<f64>, Vec<f64>) = keyed(runs, "a")
-        .into_iter()
-        .map(|(_, r)| {
-            let v = |p: Option<&super::episode::Probe>| p.map_or(f64::NAN, |p| p.val_accuracy);
-            (v(r.probes.last()), v(r.probes.first()))
-        })
-        .unzip();
-    let gain = paired(&end, &start);
+    let gain = on_policy_gain(runs, |p| Some(p.val_accuracy));
+    let sampled_gain = on_policy_gain(runs, |p| p.sampled_accuracy);
     let reaches = by_updates.iter().any(|(e, _)| *e == updates) && by_updates.len() >= 3;
-    let passed = match (&slope, &gain) {
+    let passed = match (&slope, sampled_gain.as_ref().or(gain.as_ref())) {
         (Some(s), Some(g)) if reaches => {
             Some(s.diff < 0.0 && s.p < ALPHA && g.diff > 0.0 && g.p < ALPHA)
         }
@@ -260,9 +260,22 @@ fn dose_response(arms: &[Arm], runs: &[ArmRun], updates: u64) -> DoseResponse {
         by_updates,
         slope,
         on_policy_gain: gain,
+        on_policy_sampled_gain: sampled_gain,
         passed,
         reuse_vs_fresh: reuse_vs_fresh(arms, runs),
     }
+}
+
+/// Arm a's accuracy by `pick`, last probe minus first, paired over runs;
+/// `None` unless every run measured it.
+fn on_policy_gain(runs: &[ArmRun], pick: fn(&Probe) -> Option<f64>) -> Option<Paired> {
+    let (end, start): (Vec<f64>, Vec<f64>) = keyed(runs, "a")
+        .into_iter()
+        .map(|(_, r)| Some((pick(r.probes.last()?)?, pick(r.probes.first()?)?)))
+        .collect::<Option<Vec<_>>>()?
+        .into_iter()
+        .unzip();
+    paired(&end, &start)
 }
 
 /// `pE` − `uE` final entropy change, paired by (warm start, seed), for
@@ -351,5 +364,40 @@ mod tests {
         assert_eq!(a.gate0_passed, None, "gate 0 not measured");
         let g = a.arms.iter().find(|s| s.arm == "h").unwrap();
         assert_eq!(g.seeds, 0, "arm h was not run");
+    }
+
+    /// Gate 2's dose arms with a clear entropy dose-response, arm a's
+    /// greedy and sampled validation accuracy moving as given.
+    fn gate2(greedy_gain: f64, sampled_gain: Option<f64>) -> DoseResponse {
+        let mut runs = Vec::new();
+        for s in 0..3 {
+            let j = s as f64 * 0.01;
+            let mut a = run("a", 0, s, 0.95 - j, 0.3 + greedy_gain + j, 0.5);
+            for p in &mut a.probes {
+                p.sampled_accuracy =
+                    sampled_gain.map(|g| 0.1 + if p.step > 0 { g + j } else { 0.0 });
+            }
+            runs.push(a);
+            runs.push(run("p2", 0, s, 0.9 - 2.0 * j, 0.3, 0.5));
+            runs.push(run("p4", 0, s, 0.8 - 4.0 * j, 0.3, 0.5));
+        }
+        analyse(4, &reuse(4), &runs, &[], &[]).gate2
+    }
+
+    #[test]
+    fn gate2_reads_sampled_accuracy_where_every_run_measured_it() {
+        let rose = gate2(0.05, Some(0.05));
+        assert_eq!(rose.passed, Some(true), "{rose:?}");
+        let sampled = rose.on_policy_sampled_gain.unwrap();
+        assert!((sampled.diff - 0.06).abs() < 1e-9, "{sampled:?}");
+        // Greedy up, sampled down: the gate follows the samples.
+        assert_eq!(gate2(0.05, Some(-0.05)).passed, Some(false));
+        // Greedy down, sampled up: learning as RL measures it.
+        assert_eq!(gate2(-0.05, Some(0.05)).passed, Some(true));
+        // Runs from before the samples were scored: greedy decides.
+        let old = gate2(0.05, None);
+        assert!(old.on_policy_sampled_gain.is_none());
+        assert_eq!(old.passed, Some(true));
+        assert_eq!(gate2(-0.05, None).passed, Some(false));
     }
 }

@@ -30,15 +30,16 @@ pub fn write(out: &Path, arms: &[Arm], runs: &[ArmRun], a: &ReuseAnalysis) -> an
     );
     write_gates(&mut md, a)?;
     md += "## Warm starts (where every arm starts)\n\n\
-           | warm start | fresh-sample entropy | validation acc | test acc | test pass@k |\n\
-           |---|---|---|---|---|\n";
+           | warm start | fresh-sample entropy | validation acc (greedy) | validation acc (sampled) | test acc | test pass@k |\n\
+           |---|---|---|---|---|---|\n";
     for w in &a.warm_starts {
         writeln!(
             md,
-            "| {} | {:.3} | {:.3} | {:.3} | {} |",
+            "| {} | {:.3} | {:.3} | {} | {:.3} | {} |",
             w.warm,
             w.entropy,
             w.val_accuracy,
+            w.sampled_accuracy.map_or("-".into(), |p| format!("{p:.3}")),
             w.test_accuracy,
             w.test_pass_at_k.map_or("-".into(), |p| format!("{p:.3}"))
         )?;
@@ -155,8 +156,9 @@ fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
     writeln!(
         md,
         "- Gate 2 (PPO [0.8, 1.2] loses entropy faster as E grows, and E = 1 improves \
-         validation accuracy): {}\n  - entropy change by E: {}\n  - slope per doubling \
-         of E: {}\n  - E = 1 validation accuracy gain: {}\n",
+         validation accuracy, sampled at the training temperature where measured): {}\n  \
+         - entropy change by E: {}\n  - slope per doubling of E: {}\n  - E = 1 validation \
+         accuracy gain, greedy: {}\n  - E = 1 validation accuracy gain, sampled: {}\n",
         yn(d.passed),
         if doses.is_empty() {
             "-".into()
@@ -171,6 +173,12 @@ fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
             "{:+.4} (n {}, p = {:.4})",
             g.diff, g.n, g.p
         )),
+        d.on_policy_sampled_gain
+            .as_ref()
+            .map_or("-".into(), |g| format!(
+                "{:+.4} (n {}, p = {:.4})",
+                g.diff, g.n, g.p
+            )),
     )?;
     for (e, p) in &d.reuse_vs_fresh {
         writeln!(
