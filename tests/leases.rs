@@ -173,6 +173,42 @@ async fn an_actor_renews_its_lease_and_one_it_drops_expires() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_given_back_frees_its_room_before_the_ttl() {
+    let buffer = TestBuffer::start(BufferConfig {
+        lease_ttl_ms: 60_000,
+        ..Default::default()
+    })
+    .await;
+    let url = format!("http://{}", buffer.addr);
+    let leasing = Leasing::new(rollout_sink(&url), Duration::from_secs(5));
+    let (_tx, cell) = weights_cell();
+    let (_abort_tx, abort) = watch::channel(false);
+    let stopping = StopFlag::new();
+    let mut stop = Stop {
+        abort,
+        stopping: &stopping,
+    };
+    let Admitted::Leased(held) = leasing.admit("g-dropped", &cell, &mut stop).await else {
+        panic!("not leased");
+    };
+    assert_eq!(stats_at(&url).await.unwrap().leases_outstanding, 1);
+    // Its group was dropped (scoring failed): the room comes back at once,
+    // not a minute later.
+    held.give_back(&tokio::runtime::Handle::current());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = stats_at(&url).await.unwrap();
+        if s.leases_outstanding == 0 {
+            assert_eq!((s.leases_released, s.leases_expired), (1, 0), "{s:?}");
+            assert_eq!(s.admitted_groups, 0, "{s:?}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not released: {s:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn against_a_buffer_without_leases_the_actor_pushes_unleased() {
     // A server that knows no RolloutSink/Lease (health only): UNIMPLEMENTED.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -80,6 +80,13 @@ async fn the_loop_runs_on_a_python_reward_server_that_dies_and_comes_back() {
         before,
         "a group was admitted unscored"
     );
+    // The groups it dropped gave their leases back: nothing waits out a TTL.
+    let s = source
+        .get_stats(StatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(s.leases_released >= 1, "{s:?}");
 
     // Back on the same port: the same actor scores and pushes again.
     let (_python, again) = reward_server(&addr).await;

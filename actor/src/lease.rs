@@ -38,6 +38,8 @@ use crate::{
 /// within it (it holds a request at most its `lease_wait_ms`, and never
 /// beyond the caller's deadline).
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// A release is one map removal at the buffer.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a slot needs to lease its groups; shared by the slots of an actor.
 pub struct Leasing {
@@ -68,10 +70,42 @@ impl Grant {
 
 /// A lease held while its group is made; renewed in the background at
 /// half its TTL until dropped (drop it before pushing: the group's first
-/// rollout turns the lease into the group).
+/// rollout turns the lease into the group), or given back when the group
+/// is dropped ([`Held::give_back`]).
 pub struct Held {
     pub grant: Grant,
     renewal: JoinHandle<()>,
+    /// Boxed: a client is large and most slots hold no lease.
+    client: Box<RolloutSinkClient<AuthChannel>>,
+    group_id: String,
+}
+
+impl Held {
+    /// The group will not come (generation, scoring or an environment
+    /// failed): stop renewing and tell the buffer, so the room goes to a
+    /// waiting lease now rather than after the TTL. Best effort, in the
+    /// background on `handle`: if the call fails the lease still lapses.
+    pub fn give_back(self, handle: &tokio::runtime::Handle) {
+        self.renewal.abort();
+        let (mut client, group_id) = (*self.client.clone(), self.group_id.clone());
+        handle.spawn(async move {
+            let mut req = tonic::Request::new(LeaseRequest {
+                group_id: group_id.clone(),
+            });
+            req.set_timeout(RELEASE_TIMEOUT);
+            match client.release_lease(req).await {
+                Ok(r) if r.get_ref().released => {
+                    counter!(names::LEASES_RELEASED).increment(1);
+                }
+                Ok(_) => {}
+                // An older buffer: the lease lapses at its TTL, as before.
+                Err(s) if s.code() == Code::Unimplemented => {}
+                Err(s) => {
+                    tracing::debug!(group = %group_id, "lease release failed ({}: {}); it lapses at its TTL", s.code(), s.message());
+                }
+            }
+        });
+    }
 }
 
 impl Drop for Held {
@@ -127,7 +161,12 @@ impl Leasing {
             return Admitted::Stopped;
         }
         let renewal = tokio::spawn(renew(self.client.clone(), group_id.to_string(), grant.ttl));
-        Admitted::Leased(Held { grant, renewal })
+        Admitted::Leased(Held {
+            grant,
+            renewal,
+            client: Box::new(self.client.clone()),
+            group_id: group_id.to_string(),
+        })
     }
 
     /// Asks for the lease until the buffer grants it, retrying with

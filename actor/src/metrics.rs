@@ -20,6 +20,7 @@ pub const REWARD_SUB_SCORE: &str = "bapo_actor_reward_sub_score";
 pub const LEASE_WAIT_SECONDS: &str = "bapo_actor_lease_wait_seconds";
 pub const LEASE_WEIGHT_WAIT_SECONDS: &str = "bapo_actor_lease_weight_wait_seconds";
 pub const LEASE_WEIGHT_TIMEOUTS: &str = "bapo_actor_lease_weight_timeouts_total";
+pub const LEASES_RELEASED: &str = "bapo_actor_leases_released_total";
 pub const ENGINE_RELOAD_SECONDS: &str = "bapo_actor_engine_reload_seconds";
 pub const ENGINE_RELOAD_FAILURES: &str = "bapo_actor_engine_reload_failures_total";
 pub const ENGINE_RESTARTS: &str = "bapo_actor_engine_restarts_total";
@@ -145,5 +146,9 @@ pub fn describe() {
     describe_counter!(
         LEASE_WEIGHT_TIMEOUTS,
         "Leased groups generated with older weights after lease_weight_wait_s (learner down?)"
+    );
+    describe_counter!(
+        LEASES_RELEASED,
+        "Leases given back to the buffer because their group was dropped (its room freed at once)"
     );
 }

@@ -353,7 +353,14 @@ impl Slot {
             };
             let rollouts = match made {
                 GroupMade::Rollouts(r) => r,
-                GroupMade::Skip => continue,
+                GroupMade::Skip => {
+                    // Dropped and counted where it failed; its room goes
+                    // back to the buffer now, not at the lease's TTL.
+                    if let Admitted::Leased(held) = lease {
+                        held.give_back(&self.handle);
+                    }
+                    continue;
+                }
                 GroupMade::Stop => return Ok(()),
             };
             histogram!(names::GROUP_SECONDS).record(t0.elapsed().as_secs_f64());

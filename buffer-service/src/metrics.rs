@@ -29,6 +29,7 @@ pub const LEASES_GRANTED: &str = "bapo_buffer_leases_granted_total";
 pub const LEASES_RENEWED: &str = "bapo_buffer_leases_renewed_total";
 pub const LEASES_EXPIRED: &str = "bapo_buffer_leases_expired_total";
 pub const LEASES_USED: &str = "bapo_buffer_leases_used_total";
+pub const LEASES_RELEASED: &str = "bapo_buffer_leases_released_total";
 pub const LEASES: &str = "bapo_buffer_leases";
 pub const LEASE_WAIT_SECONDS: &str = "bapo_buffer_lease_wait_seconds";
 
@@ -156,6 +157,7 @@ pub struct Handles {
     pub leases_renewed: metrics::Counter,
     pub leases_expired: metrics::Counter,
     pub leases_used: metrics::Counter,
+    pub leases_released: metrics::Counter,
     pub leases: metrics::Gauge,
     pub lease_wait_granted: metrics::Histogram,
     pub lease_wait_not_granted: metrics::Histogram,
@@ -194,6 +196,7 @@ impl Handles {
             leases_renewed: counter!(LEASES_RENEWED),
             leases_expired: counter!(LEASES_EXPIRED),
             leases_used: counter!(LEASES_USED),
+            leases_released: counter!(LEASES_RELEASED),
             leases: gauge!(LEASES),
             lease_wait_granted: histogram!(LEASE_WAIT_SECONDS, "outcome" => "granted"),
             lease_wait_not_granted: histogram!(LEASE_WAIT_SECONDS, "outcome" => "not_granted"),

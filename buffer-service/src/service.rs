@@ -6,8 +6,9 @@ use std::{pin::Pin, time::Duration, time::Instant};
 use bapo_proto::{
     deadline,
     v1::{
-        self, Batch, LeaseReply, LeaseRequest, PushAck, SampleRequest, StatsRequest, VersionAck,
-        VersionReport, batch_source_server::BatchSource, rollout_sink_server::RolloutSink,
+        self, Batch, LeaseReply, LeaseRequest, PushAck, ReleaseReply, SampleRequest, StatsRequest,
+        VersionAck, VersionReport, batch_source_server::BatchSource,
+        rollout_sink_server::RolloutSink,
     },
 };
 use futures::Stream;
@@ -97,6 +98,14 @@ impl RolloutSink for RolloutSinkService {
         let wait = deadline::hold_within(self.buffer.config().lease_wait(), caller);
         let answer = self.buffer.lease(&req.into_inner().group_id, wait).await?;
         Ok(Response::new(lease_reply(answer)))
+    }
+
+    async fn release_lease(
+        &self,
+        req: Request<LeaseRequest>,
+    ) -> Result<Response<ReleaseReply>, Status> {
+        let released = self.buffer.give_back_lease(&req.into_inner().group_id)?;
+        Ok(Response::new(ReleaseReply { released }))
     }
 }
 
@@ -240,6 +249,7 @@ impl BatchSource for BatchSourceService {
             leases_granted: s.leases_granted,
             leases_expired: s.leases_expired,
             leases_used: s.leases_used,
+            leases_released: s.leases_released,
         }))
     }
 }

@@ -132,6 +132,7 @@ pub struct Stats {
     pub leases_granted: u64,
     pub leases_expired: u64,
     pub leases_used: u64,
+    pub leases_released: u64,
 }
 
 /// A learner's version report (`bapo.v1.VersionReport`).
@@ -183,6 +184,7 @@ struct Counters {
     leases_granted: AtomicU64,
     leases_expired: AtomicU64,
     leases_used: AtomicU64,
+    leases_released: AtomicU64,
 }
 
 struct Inner {
@@ -604,6 +606,7 @@ impl Buffer {
             leases_granted: c.leases_granted.load(Relaxed),
             leases_expired: c.leases_expired.load(Relaxed),
             leases_used: c.leases_used.load(Relaxed),
+            leases_released: c.leases_released.load(Relaxed),
         }
     }
 }

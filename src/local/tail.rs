@@ -183,6 +183,7 @@ pub async fn buffer_books(services: &Services) -> Option<BTreeMap<String, u64>> 
         ("leases_granted".into(), s.leases_granted),
         ("leases_expired".into(), s.leases_expired),
         ("leases_used".into(), s.leases_used),
+        ("leases_released".into(), s.leases_released),
     ]);
     for (k, v) in s.evictions {
         m.insert(format!("evicted_{k}"), v);

@@ -236,3 +236,37 @@ async fn leases_are_not_logged_and_a_restart_forgets_them() {
     assert!(push_gets_in(&b, "a", Duration::from_secs(5)).await);
     assert_eq!(b.stats().leases_used, 0);
 }
+
+#[tokio::test]
+async fn a_released_lease_frees_its_room_at_once() {
+    let b = Buffer::open(sync_cfg(1)).unwrap();
+    grant(&b, "a").await;
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lease("b", Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiter.is_finished(), "no room while a is leased");
+    // a's actor dropped its group: the room goes to b long before the TTL.
+    assert!(b.give_back_lease("a").unwrap());
+    let answer = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiting lease request is woken")
+        .unwrap()
+        .unwrap();
+    assert!(matches!(answer, LeaseAnswer::Granted(_)), "{answer:?}");
+    let s = b.stats();
+    assert_eq!(
+        (s.leases_released, s.leases_expired, s.leases_outstanding),
+        (1, 0, 1)
+    );
+    assert_eq!(s.admitted_groups, 1, "a no longer counts against the bound");
+    // Idempotent, and nothing for an id with no lease.
+    assert!(!b.give_back_lease("a").unwrap());
+    assert!(!b.give_back_lease("never").unwrap());
+    assert!(b.give_back_lease("").is_err(), "a bad id is refused");
+    // A group whose lease was used is not released by a late call.
+    push_group(&b, "b", 2, 0).await;
+    assert!(!b.give_back_lease("b").unwrap());
+    assert_eq!(b.stats().leases_released, 1);
+}

@@ -92,6 +92,28 @@ impl Buffer {
     }
 }
 
+impl Buffer {
+    /// Gives back the lease on `group_id` because its actor dropped the
+    /// group: its room is free now, not `ttl` later. `false` when the id
+    /// holds no lease (used, expired, released before, or lost to a
+    /// restart): releasing is idempotent.
+    pub fn give_back_lease(&self, group_id: &str) -> Result<bool, BufferError> {
+        validate::check_group_id(group_id).map_err(BufferError::InvalidRequest)?;
+        let inner = &*self.inner;
+        let mut leases = inner.leases.lock();
+        if leases.take(group_id).is_none() {
+            return Ok(false);
+        }
+        inner.ledger.lock().leased -= 1;
+        inner.metrics.leases.set(leases.len() as f64);
+        drop(leases);
+        inner.counters.leases_released.fetch_add(1, Relaxed);
+        inner.metrics.leases_released.increment(1);
+        inner.changed.notify_waiters();
+        Ok(true)
+    }
+}
+
 impl Inner {
     /// The learner's version and current incarnation (0: none reported).
     fn learner_now(&self) -> (u64, u64) {

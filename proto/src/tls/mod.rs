@@ -22,7 +22,8 @@
 //!   the line of the token file it matches; its identity is `token:<role>`.
 //! * **Authorization** ([`authorize`], applied by [`AuthLayer`] before any
 //!   service sees the call): actors may `RolloutSink/Push`,
-//!   `RolloutSink/Lease` and `WeightSource/Subscribe`; the learner `BatchSource/Sample`,
+//!   `RolloutSink/Lease`, `RolloutSink/ReleaseLease` and
+//!   `WeightSource/Subscribe`; the learner `BatchSource/Sample`,
 //!   `SampleStream` and `ReportVersion`; any authenticated caller (admin
 //!   included) `BatchSource/GetStats`, health checking and reflection.
 //!   Everything else is `PERMISSION_DENIED`, naming the role and the

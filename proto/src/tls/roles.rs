@@ -142,9 +142,8 @@ pub fn access(path: &str) -> Access {
         .and_then(|p| p.split_once('/'))
         .unwrap_or(("", ""));
     match (service, method) {
-        ("bapo.v1.RolloutSink", "Push" | "Lease") | ("bapo.v1.WeightSource", "Subscribe") => {
-            Access::Only(Role::Actor)
-        }
+        ("bapo.v1.RolloutSink", "Push" | "Lease" | "ReleaseLease")
+        | ("bapo.v1.WeightSource", "Subscribe") => Access::Only(Role::Actor),
         ("bapo.v1.BatchSource", "Sample" | "SampleStream" | "ReportVersion") => {
             Access::Only(Role::Learner)
         }
@@ -219,6 +218,7 @@ mod tests {
         for m in [
             "/bapo.v1.RolloutSink/Push",
             "/bapo.v1.RolloutSink/Lease",
+            "/bapo.v1.RolloutSink/ReleaseLease",
             "/bapo.v1.WeightSource/Subscribe",
         ] {
             assert!(ok(&actor, m) && !ok(&learner, m) && !ok(&admin, m), "{m}");
