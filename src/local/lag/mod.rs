@@ -250,13 +250,24 @@ fn gate0(setup: &Setup, study: &LagStudy) -> anyhow::Result<Vec<gate::Gate0>> {
         .collect()
 }
 
+/// The commit of the source tree this binary was built from, asked of
+/// that tree (not the working directory: studies run from scratch
+/// directories), with `-dirty` when it has uncommitted changes.
 fn git_commit() -> Option<String> {
-    std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(env!("CARGO_MANIFEST_DIR"))
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let head = git(&["rev-parse", "--short", "HEAD"])?;
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    Some(if dirty { format!("{head}-dirty") } else { head })
 }
 
 /// The command that made the results, for the artefacts.
@@ -492,6 +503,16 @@ mod tests {
 
     /// A build that stops midway (as a kill would) leaves no directory
     /// that looks built; the next call builds it, and later calls reuse it.
+    #[test]
+    fn the_commit_is_the_source_trees() {
+        let here = git_commit().expect("built from a git checkout");
+        let hex = here.trim_end_matches("-dirty");
+        assert!(
+            hex.len() >= 7 && hex.chars().all(|c| c.is_ascii_hexdigit()),
+            "{here}"
+        );
+    }
+
     #[test]
     fn an_unfinished_build_is_redone_and_a_finished_one_reused() {
         let root = tempfile::tempdir().unwrap();
