@@ -17,7 +17,7 @@ use std::{
 };
 
 use bapo_actor::{
-    lease::{Acquired, Admitted, Leasing, Stop},
+    lease::{Acquired, Admitted, Held, Leasing, Stop},
     stop::StopFlag,
     subscription::Versioned,
 };
@@ -138,6 +138,23 @@ fn weights_cell() -> (
     })))
 }
 
+/// An actor's lease on `group_id` from the buffer at `url`, renewed in
+/// the background until dropped or given back.
+async fn lease_at(url: &str, group_id: &str) -> Held {
+    let leasing = Leasing::new(rollout_sink(url), Duration::from_secs(5));
+    let (_tx, cell) = weights_cell();
+    let (_abort_tx, abort) = watch::channel(false);
+    let stopping = StopFlag::new();
+    let mut stop = Stop {
+        abort,
+        stopping: &stopping,
+    };
+    match leasing.admit(group_id, &cell, &mut stop).await {
+        Admitted::Leased(h) => h,
+        _ => panic!("not leased"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_renews_its_lease_and_one_it_drops_expires() {
     // Leases of 1 s, expired by the server's sweep (every 250 ms here).
@@ -148,18 +165,7 @@ async fn an_actor_renews_its_lease_and_one_it_drops_expires() {
     })
     .await;
     let url = format!("http://{}", buffer.addr);
-    let leasing = Leasing::new(rollout_sink(&url), Duration::from_secs(5));
-    let (_tx, cell) = weights_cell();
-    let (_abort_tx, abort) = watch::channel(false);
-    let stopping = StopFlag::new();
-    let mut stop = Stop {
-        abort,
-        stopping: &stopping,
-    };
-    let held = match leasing.admit("g-renewed", &cell, &mut stop).await {
-        Admitted::Leased(h) => h,
-        _ => panic!("not leased"),
-    };
+    let held = lease_at(&url, "g-renewed").await;
     assert_eq!(held.grant.ttl, Duration::from_secs(1));
     // Four TTLs of generation: renewed at half the TTL, never expired.
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -180,17 +186,7 @@ async fn a_lease_given_back_frees_its_room_before_the_ttl() {
     })
     .await;
     let url = format!("http://{}", buffer.addr);
-    let leasing = Leasing::new(rollout_sink(&url), Duration::from_secs(5));
-    let (_tx, cell) = weights_cell();
-    let (_abort_tx, abort) = watch::channel(false);
-    let stopping = StopFlag::new();
-    let mut stop = Stop {
-        abort,
-        stopping: &stopping,
-    };
-    let Admitted::Leased(held) = leasing.admit("g-dropped", &cell, &mut stop).await else {
-        panic!("not leased");
-    };
+    let held = lease_at(&url, "g-dropped").await;
     assert_eq!(stats_at(&url).await.unwrap().leases_outstanding, 1);
     // Its group was dropped (scoring failed): the room comes back at once,
     // not a minute later.

@@ -46,6 +46,30 @@ async fn push_gets_in(b: &Buffer, group: &str, limit: Duration) -> bool {
     }
 }
 
+/// A lease request for `id` held for want of room (checked still held
+/// after 50 ms).
+async fn waiting_lease(
+    b: &Buffer,
+    id: &'static str,
+) -> tokio::task::JoinHandle<Result<LeaseAnswer, BufferError>> {
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lease(id, Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiter.is_finished(), "{id} got room it should wait for");
+    waiter
+}
+
+/// The answer of a held request once room frees, within 5 s.
+async fn woken(waiter: tokio::task::JoinHandle<Result<LeaseAnswer, BufferError>>) -> LeaseAnswer {
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiting lease request is woken")
+        .unwrap()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn outstanding_leases_count_against_the_bound() {
     let b = Buffer::open(sync_cfg(2)).unwrap();
@@ -67,23 +91,14 @@ async fn outstanding_leases_count_against_the_bound() {
 async fn a_held_lease_request_is_granted_when_room_frees() {
     let b = Buffer::open(sync_cfg(1)).unwrap();
     grant(&b, "a").await;
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move { b.lease("b", Duration::from_secs(30)).await })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!waiter.is_finished(), "no room yet");
+    let waiter = waiting_lease(&b, "b").await;
     // Group a arrives and is trained on; the learner moves to version 1.
     tokio::time::timeout(Duration::from_secs(5), push_group(&b, "a", 2, 0))
         .await
         .expect("a leased group gets in");
     assert_eq!(b.sample(1, NO_WAIT, false).await.unwrap().len(), 1);
     b.report_version(1);
-    let answer = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the waiting lease request is woken")
-        .unwrap()
-        .unwrap();
+    let answer = woken(waiter).await;
     match answer {
         LeaseAnswer::Granted(g) => assert_eq!(g.version, 1, "granted under version 1"),
         other => panic!("{other:?}"),
@@ -241,19 +256,10 @@ async fn leases_are_not_logged_and_a_restart_forgets_them() {
 async fn a_released_lease_frees_its_room_at_once() {
     let b = Buffer::open(sync_cfg(1)).unwrap();
     grant(&b, "a").await;
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move { b.lease("b", Duration::from_secs(30)).await })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!waiter.is_finished(), "no room while a is leased");
+    let waiter = waiting_lease(&b, "b").await;
     // a's actor dropped its group: the room goes to b long before the TTL.
     assert!(b.give_back_lease("a").unwrap());
-    let answer = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the waiting lease request is woken")
-        .unwrap()
-        .unwrap();
+    let answer = woken(waiter).await;
     assert!(matches!(answer, LeaseAnswer::Granted(_)), "{answer:?}");
     let s = b.stats();
     assert_eq!(

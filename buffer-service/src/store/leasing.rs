@@ -100,16 +100,11 @@ impl Buffer {
     pub fn give_back_lease(&self, group_id: &str) -> Result<bool, BufferError> {
         validate::check_group_id(group_id).map_err(BufferError::InvalidRequest)?;
         let inner = &*self.inner;
-        let mut leases = inner.leases.lock();
-        if leases.take(group_id).is_none() {
+        if !inner.drop_lease(group_id) {
             return Ok(false);
         }
-        inner.ledger.lock().leased -= 1;
-        inner.metrics.leases.set(leases.len() as f64);
-        drop(leases);
         inner.counters.leases_released.fetch_add(1, Relaxed);
         inner.metrics.leases_released.increment(1);
-        inner.changed.notify_waiters();
         Ok(true)
     }
 }
@@ -201,16 +196,24 @@ impl Inner {
     /// first rollout waited for room; one place is enough), or refused as
     /// too stale to train on.
     pub(super) fn release_lease(&self, group_id: &str) {
+        if self.drop_lease(group_id) {
+            self.counters.leases_used.fetch_add(1, Relaxed);
+            self.metrics.leases_used.increment(1);
+        }
+    }
+
+    /// Removes the lease on `group_id`, if any, and frees its room for
+    /// whoever waits; the caller counts why. `false`: there was none.
+    fn drop_lease(&self, group_id: &str) -> bool {
         let mut leases = self.leases.lock();
         if leases.take(group_id).is_none() {
-            return;
+            return false;
         }
         self.ledger.lock().leased -= 1;
         self.metrics.leases.set(leases.len() as f64);
         drop(leases);
-        self.counters.leases_used.fetch_add(1, Relaxed);
-        self.metrics.leases_used.increment(1);
         self.changed.notify_waiters();
+        true
     }
 
     /// Removes the leases due at `now`: their room goes to whoever waits.
