@@ -228,12 +228,17 @@ fn gate0(setup: &Setup, study: &LagStudy) -> anyhow::Result<Vec<gate::Gate0>> {
     if study.gate_groups == 0 {
         return Ok(Vec::new());
     }
+    let minibatch = match study.design {
+        Design::Reuse(e) => (setup.base.batch_groups as usize).div_ceil(e.clamp(1, 4) as usize),
+        Design::Lag(_) => setup.base.batch_groups as usize,
+    };
     (0..study.warm_starts)
         .map(|w| {
-            let g = gate::measure(setup, w, study.gate_groups)?;
+            let g = gate::measure(setup, w, study.gate_groups, minibatch)?;
             eprintln!(
                 "gate 0, warm start {w}: positive share {:.3} ({}), accuracy {:.3}, \
-                 right {:.1} / wrong {:.1} tokens, {:.0}% truncated",
+                 right {:.1} / wrong {:.1} tokens, {:.0}% truncated; per mini-batch of {} \
+                 groups: median share {:.3}, {:.0}% under rho0",
                 g.positive_share,
                 if g.passed() {
                     "in the band"
@@ -243,7 +248,10 @@ fn gate0(setup: &Setup, study: &LagStudy) -> anyhow::Result<Vec<gate::Gate0>> {
                 g.accuracy,
                 g.right_len_mean,
                 g.wrong_len_mean,
-                g.truncated_share * 100.0
+                g.truncated_share * 100.0,
+                g.minibatch_groups,
+                g.minibatch_share_median,
+                g.minibatch_below_rho0 * 100.0
             );
             Ok(g)
         })

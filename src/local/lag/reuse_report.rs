@@ -128,7 +128,8 @@ fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
         writeln!(
             md,
             "  - warm start {}: share {:.3} over {} groups ({} informative), accuracy {:.3}, \
-             right {:.1} / wrong {:.1} tokens, {:.1}% truncated",
+             right {:.1} / wrong {:.1} tokens, {:.1}% truncated; per mini-batch of {} groups \
+             median share {:.3}, {:.1}% under rho0 (what Gate 1 sees at ratio 1)",
             g.warm,
             g.positive_share,
             g.groups,
@@ -136,7 +137,10 @@ fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
             g.accuracy,
             g.right_len_mean,
             g.wrong_len_mean,
-            g.truncated_share * 100.0
+            g.truncated_share * 100.0,
+            g.minibatch_groups,
+            g.minibatch_share_median,
+            g.minibatch_below_rho0 * 100.0
         )?;
     }
     writeln!(
