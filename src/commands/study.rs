@@ -74,6 +74,16 @@ pub struct StudyArgs {
     /// With `--lag`/`--reuse`: runs at once.
     #[arg(long, default_value_t = 1, requires = "controlled")]
     pub jobs: usize,
+    /// With `--reuse`: the non-inferiority margin of BAPO's test accuracy
+    /// against PPO's (an absolute accuracy; register it in proportion to
+    /// the accuracies the setting reaches).
+    #[arg(
+        long,
+        default_value_t = 0.03,
+        requires = "controlled",
+        conflicts_with = "lag"
+    )]
+    pub ni_margin: f64,
 }
 
 fn list<T: std::str::FromStr>(s: &str, what: &str) -> anyhow::Result<Vec<T>> {
@@ -107,6 +117,7 @@ pub async fn run(args: StudyArgs) -> anyhow::Result<()> {
             jobs: args.jobs,
             out: args.out,
             init: args.init,
+            ni_margin: args.ni_margin,
         };
         return tokio::task::spawn_blocking(move || lag::run(&study)).await?;
     }

@@ -73,6 +73,9 @@ pub struct LagStudy {
     /// Start from this HF directory instead of the config's warm start
     /// (one warm start only).
     pub init: Option<PathBuf>,
+    /// Reuse: the non-inferiority margin on test accuracy (analysis only;
+    /// it changes no run).
+    pub ni_margin: f64,
 }
 
 /// One run to make: an arm, a warm start, a seed.
@@ -114,7 +117,12 @@ pub fn run(study: &LagStudy) -> anyhow::Result<()> {
     let verdicts = match study.design {
         Design::Lag(_) => Verdicts::Lag(analysis::analyse(&arms, &runs)),
         Design::Reuse(e) => Verdicts::Reuse(Box::new(reuse_analysis::analyse(
-            e, &arms, &runs, &gates, &warm_rows,
+            e,
+            &arms,
+            &runs,
+            &gates,
+            &warm_rows,
+            study.ni_margin,
         ))),
     };
     let keys: Vec<_> = jobs
@@ -188,6 +196,11 @@ fn arms_of(study: &LagStudy) -> anyhow::Result<Vec<Arm>> {
         }
     };
     anyhow::ensure!(study.probe_every > 0, "--probe-every must be at least 1");
+    anyhow::ensure!(
+        study.ni_margin > 0.0 && study.ni_margin < 1.0,
+        "--ni-margin {} is not an accuracy difference in (0, 1)",
+        study.ni_margin
+    );
     anyhow::ensure!(!study.seeds.is_empty(), "--seeds: at least one seed");
     anyhow::ensure!(study.warm_starts > 0, "--warm-starts must be at least 1");
     anyhow::ensure!(
@@ -305,6 +318,7 @@ fn command_line(study: &LagStudy) -> String {
     );
     if matches!(study.design, Design::Reuse(_)) {
         c += &format!(" --gate-groups {}", study.gate_groups);
+        c += &format!(" --ni-margin {}", study.ni_margin);
     }
     if let Some(init) = &study.init {
         c += &format!(" --init {}", init.display());
@@ -500,13 +514,26 @@ mod tests {
             jobs: 2,
             out: "/tmp/o".into(),
             init: Some("/tmp/w".into()),
+            ni_margin: 0.01,
         };
         assert_eq!(
             command_line(&study),
             "bapo study --reuse 8 --config c.toml --seeds 0,1 --out /tmp/o --arms a,u8 \
              --steps 60 --probe-every 20 --probe-prompts 64 --probe-samples 8 \
-             --gate-groups 64 --init /tmp/w"
+             --gate-groups 64 --ni-margin 0.01 --init /tmp/w"
         );
+        for bad in [0.0, -0.01, 1.0, f64::NAN] {
+            let err = arms_of(&LagStudy {
+                ni_margin: bad,
+                ..study.clone()
+            })
+            .err()
+            .map(|e| e.to_string());
+            assert!(
+                err.as_deref().is_some_and(|e| e.contains("--ni-margin")),
+                "{bad}: {err:?}"
+            );
+        }
     }
 
     /// A build that stops midway (as a kill would) leaves no directory
