@@ -49,6 +49,18 @@ fn reuse_only_flags_need_reuse() {
     assert!(!ok && err.contains("--reuse"), "{err}");
     let (ok, err) = bapo_study(&["--warm-starts", "3"]);
     assert!(!ok && err.contains("--warm-starts"), "{err}");
+    let (ok, err) = bapo_study(&["--lag", "4", "--gate-only"]);
+    assert!(!ok && err.contains("--gate-only"), "{err}");
+    let (ok, err) = bapo_study(&["--lag", "4", "--ni-margin", "0.01"]);
+    assert!(!ok && err.contains("--ni-margin"), "{err}");
+}
+
+#[test]
+fn a_margin_or_gate_that_cannot_mean_anything_is_refused_by_name() {
+    let (ok, err) = bapo_study(&["--reuse", "2", "--ni-margin", "0"]);
+    assert!(!ok && err.contains("--ni-margin 0"), "{err}");
+    let (ok, err) = bapo_study(&["--reuse", "2", "--gate-only", "--gate-groups", "0"]);
+    assert!(!ok && err.contains("--gate-only"), "{err}");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! A controlled study killed with SIGKILL after some of its runs finished,
 //! then started again with the same flags: the finished runs come back
 //! from disk untouched (neither redone nor lost), the rest are made, and
-//! the results hold every run.
+//! the results hold every run. And `--gate-only`, which makes no run.
 
 use std::{
     path::Path,
@@ -146,4 +146,37 @@ fn a_killed_study_keeps_its_finished_runs_and_makes_the_rest() {
             "{name}: the results differ from the stored run"
         );
     }
+}
+
+#[test]
+fn gate_only_measures_gate0_per_mini_batch_and_makes_no_run() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("config.toml"), CONFIG).expect("config");
+    let out = dir.path().join("gate");
+    let run = Command::new(env!("CARGO_BIN_EXE_bapo"))
+        .args(["study", "--reuse", "2", "--gate-only", "--gate-groups", "6"])
+        .arg("--config")
+        .arg(dir.path().join("config.toml"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("running bapo study");
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{log}");
+    let gate: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("gate0.json")).expect("gate0.json"))
+            .expect("json");
+    let g = &gate["gate0"][0];
+    assert_eq!(g["groups"], 6, "{gate}");
+    // 2 groups per batch over min(E, 4) = 2 mini-batches: one group each.
+    assert_eq!(g["minibatch_groups"], 1, "{gate}");
+    let below = g["minibatch_below_rho0"].as_f64().expect("a fraction");
+    assert!((0.0..=1.0).contains(&below), "{gate}");
+    assert!(
+        gate["command"]
+            .as_str()
+            .is_some_and(|c| c.contains(" --gate-only"))
+    );
+    assert!(!out.join("finished").exists() && !out.join("study.json").exists());
+    assert!(log.contains("per mini-batch of 1 groups"), "{log}");
 }

@@ -84,6 +84,11 @@ pub struct StudyArgs {
         conflicts_with = "lag"
     )]
     pub ni_margin: f64,
+    /// With `--reuse`: measure Gate 0 on the warm starts (building them if
+    /// need be), write `gate0.json` and stop: a setting screened before any
+    /// run.
+    #[arg(long, requires = "controlled", conflicts_with = "lag")]
+    pub gate_only: bool,
 }
 
 fn list<T: std::str::FromStr>(s: &str, what: &str) -> anyhow::Result<Vec<T>> {
@@ -118,6 +123,7 @@ pub async fn run(args: StudyArgs) -> anyhow::Result<()> {
             out: args.out,
             init: args.init,
             ni_margin: args.ni_margin,
+            gate_only: args.gate_only,
         };
         return tokio::task::spawn_blocking(move || lag::run(&study)).await?;
     }

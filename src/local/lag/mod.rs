@@ -76,6 +76,8 @@ pub struct LagStudy {
     /// Reuse: the non-inferiority margin on test accuracy (analysis only;
     /// it changes no run).
     pub ni_margin: f64,
+    /// Reuse: Gate 0 only, no runs.
+    pub gate_only: bool,
 }
 
 /// One run to make: an arm, a warm start, a seed.
@@ -96,6 +98,9 @@ pub fn run(study: &LagStudy) -> anyhow::Result<()> {
     let cfg = ConfigFile::load_or_builtin(study.config.as_deref())?;
     let arms = arms_of(study)?;
     let setup = setup(&cfg, study, inits(&cfg, study)?)?;
+    if study.gate_only {
+        return gate_only(&cfg, study, &setup, commit);
+    }
     for arm in &arms {
         arm.learner(&setup.base, 0)
             .validate()
@@ -197,6 +202,10 @@ fn arms_of(study: &LagStudy) -> anyhow::Result<Vec<Arm>> {
     };
     anyhow::ensure!(study.probe_every > 0, "--probe-every must be at least 1");
     anyhow::ensure!(
+        !study.gate_only || (study.gate_groups > 0 && matches!(study.design, Design::Reuse(_))),
+        "--gate-only measures Gate 0 of the reuse study: it needs --reuse and --gate-groups > 0"
+    );
+    anyhow::ensure!(
         study.ni_margin > 0.0 && study.ni_margin < 1.0,
         "--ni-margin {} is not an accuracy difference in (0, 1)",
         study.ni_margin
@@ -233,6 +242,25 @@ fn before_runs(
         .map(|w| setup.warm_row(w))
         .collect::<anyhow::Result<Vec<_>>>()?;
     Ok((gate0(setup, study)?, rows))
+}
+
+/// `--gate-only`: Gate 0 on every warm start, in `gate0.json`.
+fn gate_only(
+    cfg: &ConfigFile,
+    study: &LagStudy,
+    setup: &Setup,
+    commit: Option<String>,
+) -> anyhow::Result<()> {
+    let json = serde_json::json!({
+        "command": command_line(study),
+        "commit": commit,
+        "setting": setting(cfg, study, setup),
+        "gate0": gate0(setup, study)?,
+    });
+    let path = study.out.join("gate0.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&json)?)?;
+    eprintln!("study: {}", path.display());
+    Ok(())
 }
 
 /// Gate 0 on every warm start (before any run, so a failed gate is known
@@ -319,6 +347,9 @@ fn command_line(study: &LagStudy) -> String {
     if matches!(study.design, Design::Reuse(_)) {
         c += &format!(" --gate-groups {}", study.gate_groups);
         c += &format!(" --ni-margin {}", study.ni_margin);
+        if study.gate_only {
+            c += " --gate-only";
+        }
     }
     if let Some(init) = &study.init {
         c += &format!(" --init {}", init.display());
@@ -515,6 +546,7 @@ mod tests {
             out: "/tmp/o".into(),
             init: Some("/tmp/w".into()),
             ni_margin: 0.01,
+            gate_only: false,
         };
         assert_eq!(
             command_line(&study),
