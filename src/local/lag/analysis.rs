@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::{
     arms::Arm,
-    episode::ArmRun,
+    episode::{ArmRun, StepRow},
     stats::{Welch, mean_sd, slope, welch},
 };
 
@@ -46,6 +46,20 @@ pub struct Regimes {
     pub start: f64,
     pub moved: f64,
     pub exhausted: f64,
+    /// The same runs by quarter of their length: where in a run the search
+    /// engages (training can erase the long failures it answers to).
+    pub by_quarter: Vec<Quarter>,
+}
+
+/// One quarter of a BAPO arm's runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Quarter {
+    /// Updates whose start window missed the target.
+    pub searched: f64,
+    /// Median positive share at ratio 1 (each batch's first update) over
+    /// mini-batches with any advantage (GRPO gives those both signs; the
+    /// learner reports 1 for one without).
+    pub ratio1_share: f64,
 }
 
 /// Named tests of one hypothesis; `None`: too few seeds or no variance.
@@ -105,6 +119,7 @@ pub(super) fn summarise(arm: &Arm, runs: &[&ArmRun]) -> ArmSummary {
             start: count(&|k, _| k == 0.0),
             moved: count(&|k, met| k > 0.0 && met > 0.0),
             exhausted: count(&|_, met| met == 0.0),
+            by_quarter: quarters(runs),
         }
     });
     let mut s = ArmSummary {
@@ -139,6 +154,37 @@ pub(super) fn summarise(arm: &Arm, runs: &[&ArmRun]) -> ArmSummary {
         })
         .collect();
     s
+}
+
+/// [`Quarter`]s of `runs`, each run cut by its own number of batches.
+fn quarters(runs: &[&ArmRun]) -> Vec<Quarter> {
+    let rows = || {
+        runs.iter().flat_map(|r| {
+            let batches = r.steps.iter().map(|s| s.step + 1).max().unwrap_or(1);
+            r.steps
+                .iter()
+                .map(move |s| ((s.step * 4 / batches) as usize, s))
+        })
+    };
+    (0..4)
+        .map(|q| {
+            let mine: Vec<&StepRow> = rows().filter(|(k, _)| *k == q).map(|(_, s)| s).collect();
+            let searched = mine
+                .iter()
+                .filter(|s| s.search_steps.unwrap_or(0.0) > 0.0)
+                .count();
+            let shares: Vec<f64> = mine
+                .iter()
+                .filter(|s| s.update == 0)
+                .filter_map(|s| s.pos_fraction)
+                .filter(|&p| p < 1.0)
+                .collect();
+            Quarter {
+                searched: searched as f64 / mine.len().max(1) as f64,
+                ratio1_share: median(&shares),
+            }
+        })
+        .collect()
 }
 
 impl ArmSummary {
@@ -295,5 +341,36 @@ mod tests {
         assert_eq!(a.gate1_passed, Some(true));
         let g = a.arms.iter().find(|s| s.arm == "g").unwrap();
         assert_eq!(g.seeds, 0, "arm g was not run");
+    }
+
+    /// Eight batches of two updates: the search engages on every update
+    /// of the first two batches and none after; the first updates' shares
+    /// are 0.3, 0.5, then 1 (nothing to balance), 0.45, ... Quarter by
+    /// quarter: searched 1, 0, 0, 0; the ratio-1 share (the upper median
+    /// of the quarter's first updates) 0.5, 0.45 (the 1 left out), 0.7,
+    /// 0.4.
+    #[test]
+    fn quarters_say_where_in_a_run_the_search_engaged() {
+        let shares = [0.3, 0.5, 1.0, 0.45, 0.6, 0.7, 0.4, 0.2];
+        let steps = (0..16u64)
+            .map(|i| StepRow {
+                step: i / 2,
+                update: i % 2,
+                pos_fraction: Some(if i % 2 == 0 {
+                    shares[(i / 2) as usize]
+                } else {
+                    0.9
+                }),
+                search_steps: Some(if i < 4 { 3.0 } else { 0.0 }),
+                ..StepRow::default()
+            })
+            .collect();
+        let r = ArmRun {
+            steps,
+            ..run("f", 0, 0.9, 0.5)
+        };
+        let q = quarters(&[&r]);
+        let got: Vec<(f64, f64)> = q.iter().map(|q| (q.searched, q.ratio1_share)).collect();
+        assert_eq!(got, [(1.0, 0.5), (0.0, 0.45), (0.0, 0.7), (0.0, 0.4)]);
     }
 }

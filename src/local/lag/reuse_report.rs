@@ -115,6 +115,32 @@ pub fn write(out: &Path, arms: &[Arm], runs: &[ArmRun], a: &ReuseAnalysis) -> an
     Ok(())
 }
 
+/// Arm f's search and ratio-1 share by quarter of its runs: whether the
+/// long failures it answers to last.
+fn write_quarters(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
+    let Some(q) = a
+        .arms
+        .iter()
+        .find(|s| s.arm == "f" && s.seeds > 0)
+        .and_then(|f| f.regimes.as_ref())
+        .map(|r| &r.by_quarter)
+    else {
+        return Ok(());
+    };
+    let searched: Vec<String> = q
+        .iter()
+        .map(|q| format!("{:.0}%", q.searched * 100.0))
+        .collect();
+    let share: Vec<String> = q.iter().map(|q| format!("{:.3}", q.ratio1_share)).collect();
+    writeln!(
+        md,
+        "  - by quarter of the runs: searched {}; median share at ratio 1 {}",
+        searched.join(" / "),
+        share.join(" / ")
+    )?;
+    Ok(())
+}
+
 fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
     md.push_str("## Gates\n\n");
     writeln!(
@@ -151,6 +177,7 @@ fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
         a.gate1_start_window_miss
             .map_or(String::new(), |m| format!(" (missed in {:.1}%)", m * 100.0))
     )?;
+    write_quarters(md, a)?;
     let d = &a.gate2;
     let doses: Vec<String> = d
         .by_updates
