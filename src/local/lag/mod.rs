@@ -92,7 +92,7 @@ enum Verdicts {
 }
 
 pub fn run(study: &LagStudy) -> anyhow::Result<()> {
-    // The commit the runs start from: HEAD may move while they run.
+    // The commit the binary was built from (not the tree's HEAD now).
     let commit = git_commit();
     std::fs::create_dir_all(&study.out)?;
     let cfg = ConfigFile::load_or_builtin(study.config.as_deref())?;
@@ -299,24 +299,13 @@ fn gate0(setup: &Setup, study: &LagStudy) -> anyhow::Result<Vec<gate::Gate0>> {
         .collect()
 }
 
-/// The commit of the source tree this binary was built from, asked of
-/// that tree (not the working directory: studies run from scratch
-/// directories), with `-dirty` when it has uncommitted changes.
+/// The commit this binary was built from (`build.rs`), with `-dirty` when
+/// its tracked files differed from it: a binary copied out to run a study
+/// names the code it runs, whatever the tree holds by then.
 fn git_commit() -> Option<String> {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .arg("-C")
-            .arg(env!("CARGO_MANIFEST_DIR"))
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let head = git(&["rev-parse", "--short", "HEAD"])?;
-    let dirty =
-        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-    Some(if dirty { format!("{head}-dirty") } else { head })
+    Some(env!("BAPO_BUILD_COMMIT"))
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
 }
 
 /// The command that made the results, for the artefacts.
@@ -571,7 +560,7 @@ mod tests {
     /// A build that stops midway (as a kill would) leaves no directory
     /// that looks built; the next call builds it, and later calls reuse it.
     #[test]
-    fn the_commit_is_the_source_trees() {
+    fn the_commit_is_the_builds() {
         let here = git_commit().expect("built from a git checkout");
         let hex = here.trim_end_matches("-dirty");
         assert!(
