@@ -270,7 +270,10 @@ fn gate0(setup: &Setup, study: &LagStudy) -> anyhow::Result<Vec<gate::Gate0>> {
         return Ok(Vec::new());
     }
     let minibatch = match study.design {
-        Design::Reuse(e) => (setup.base.batch_groups as usize).div_ceil(e.clamp(1, 4) as usize),
+        Design::Reuse(e) => {
+            let minis = e.clamp(1, arms::MAX_MINI_BATCHES) as usize;
+            (setup.base.batch_groups as usize).div_ceil(minis)
+        }
         Design::Lag(_) => setup.base.batch_groups as usize,
     };
     (0..study.warm_starts)
