@@ -92,12 +92,10 @@ impl Finished {
             commit: self.commit.clone(),
             run: run.clone(),
         };
-        let path = self.path(&run.arm, run.warm, run.seed);
-        let tmp = path.with_extension("partial");
-        std::fs::write(&tmp, serde_json::to_string(&stored)?)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("moving {}", path.display()))?;
-        Ok(())
+        write_aside(
+            &self.path(&run.arm, run.warm, run.seed),
+            serde_json::to_string(&stored)?,
+        )
     }
 
     /// The commits the finished runs of `keys` were made at, each once.
@@ -152,6 +150,15 @@ fn hash_dir(dir: &Path) -> anyhow::Result<String> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes `path` aside (`<path>.partial`), then renames it into place: a
+/// kill mid-write leaves the old file or none, never half of one that a
+/// rerun or a reader would take for the whole.
+pub fn write_aside(path: &std::path::Path, text: String) -> anyhow::Result<()> {
+    let tmp = path.with_extension("partial");
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("moving {}", path.display()))
 }
 
 #[cfg(test)]
@@ -240,6 +247,18 @@ mod tests {
         );
         warm(root.path(), b"other weights");
         assert_eq!(open(root.path(), setting).load(&arm, "p2", 0, 3), None);
+    }
+
+    #[test]
+    fn a_write_aside_replaces_the_whole_file_and_clears_a_killed_one() {
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().join("study.json");
+        // What a write killed midway leaves: half a file aside.
+        std::fs::write(path.with_extension("partial"), "{\"half\": ").unwrap();
+        write_aside(&path, "{\"long\": \"first version\"}".into()).unwrap();
+        write_aside(&path, "{}".into()).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{}");
+        assert!(!path.with_extension("partial").exists());
     }
 
     #[test]

@@ -145,7 +145,7 @@ pub fn run(study: &LagStudy) -> anyhow::Result<()> {
         "runs": runs,
     });
     // Compact: every update of every run is in it.
-    std::fs::write(study.out.join("study.json"), serde_json::to_string(&json)?)?;
+    finished::write_aside(&study.out.join("study.json"), serde_json::to_string(&json)?)?;
     match &verdicts {
         Verdicts::Lag(a) => report::write(&study.out, &arms, &runs, a)?,
         Verdicts::Reuse(a) => reuse_report::write(&study.out, &arms, &runs, a)?,
@@ -258,7 +258,7 @@ fn gate_only(
         "gate0": gate0(setup, study)?,
     });
     let path = study.out.join("gate0.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&json)?)?;
+    finished::write_aside(&path, serde_json::to_string_pretty(&json)?)?;
     eprintln!("study: {}", path.display());
     Ok(())
 }
