@@ -76,6 +76,10 @@ pub struct ReuseAnalysis {
     pub gate0_passed: Option<bool>,
     pub gate1_start_window_miss: Option<f64>,
     pub gate1_passed: Option<bool>,
+    /// Gate 1 on each warm start's runs of arm f: the search fades as
+    /// training removes the long failures, so one warm start could carry
+    /// the pooled figure while another leaves the search idle.
+    pub gate1_by_warm_start: Vec<(u64, f64)>,
     pub gate2: DoseResponse,
     pub primary: Contrast,
     /// Holds when the primary contrast is significant with f above b.
@@ -165,6 +169,7 @@ pub fn analyse(
         gate0_passed: (!gate0.is_empty()).then(|| gate0.iter().all(Gate0::passed)),
         gate1_start_window_miss: gate1,
         gate1_passed: gate1.map(|m| m >= GATE1_MISS),
+        gate1_by_warm_start: gate1_by_warm_start(arms, runs),
         gate2: dose_response(arms, runs, updates),
         primary,
         primary_holds,
@@ -173,6 +178,22 @@ pub fn analyse(
         detectable_effect: detectable,
         arms: summaries,
     }
+}
+
+/// Arm f's start-window miss (Gate 1's reading) per warm start it ran on.
+fn gate1_by_warm_start(arms: &[Arm], runs: &[ArmRun]) -> Vec<(u64, f64)> {
+    let Some(f) = arms.iter().find(|a| a.id == "f") else {
+        return Vec::new();
+    };
+    let mine = keyed(runs, "f");
+    let warms: std::collections::BTreeSet<u64> = mine.iter().map(|((w, _), _)| *w).collect();
+    warms
+        .into_iter()
+        .filter_map(|w| {
+            let of_w: Vec<&ArmRun> = mine.iter().filter(|(k, _)| k.0 == w).map(|x| x.1).collect();
+            Some((w, 1.0 - summarise(f, &of_w).regimes?.start))
+        })
+        .collect()
 }
 
 /// The registered secondary family, Holm-adjusted together.
@@ -346,6 +367,7 @@ mod tests {
             [1, 2, 4, 8]
         );
         assert_eq!(a.gate1_start_window_miss, Some(0.5));
+        assert_eq!(a.gate1_by_warm_start, [(0, 0.5), (1, 0.5), (2, 0.5)]);
         assert_eq!(a.non_inferiority.holds, Some(true));
         // f − b on test accuracy is −j/2, mean −0.006: inside 3 points, not
         // inside a tenth of one.
@@ -369,6 +391,32 @@ mod tests {
         assert_eq!(a.gate0_passed, None, "gate 0 not measured");
         let g = a.arms.iter().find(|s| s.arm == "h").unwrap();
         assert_eq!(g.seeds, 0, "arm h was not run");
+    }
+
+    #[test]
+    fn gate1_is_read_per_warm_start_beside_the_pooled_figure() {
+        let mut runs = Vec::new();
+        for s in 0..2 {
+            // Warm start 0: the search on every other update (as
+            // synthesised); warm start 1: on one update in ten.
+            runs.push(run("f", 0, s, 0.9, 0.4, 0.5));
+            let mut idle = run("f", 1, s, 0.9, 0.4, 0.5);
+            for (t, st) in idle.steps.iter_mut().enumerate() {
+                st.search_steps = Some(if t == 3 { 2.0 } else { 0.0 });
+            }
+            runs.push(idle);
+        }
+        let a = analyse(8, &reuse(8), &runs, &[], &[], 0.03);
+        // Pooled: (5 + 1) searched of 10 updates, per seed: 0.3, passing.
+        assert!((a.gate1_start_window_miss.unwrap() - 0.3).abs() < 1e-12);
+        assert_eq!(a.gate1_passed, Some(true));
+        let [(0, w0), (1, w1)] = a.gate1_by_warm_start[..] else {
+            panic!("{:?}", a.gate1_by_warm_start)
+        };
+        assert!(
+            (w0 - 0.5).abs() < 1e-12 && (w1 - 0.1).abs() < 1e-12,
+            "{w0} {w1}"
+        );
     }
 
     /// Gate 2's dose arms with a clear entropy dose-response, arm a's

@@ -177,6 +177,9 @@ fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
         a.gate1_start_window_miss
             .map_or(String::new(), |m| format!(" (missed in {:.1}%)", m * 100.0))
     )?;
+    for (w, m) in &a.gate1_by_warm_start {
+        writeln!(md, "  - warm start {w}: missed in {:.1}%", m * 100.0)?;
+    }
     write_quarters(md, a)?;
     let d = &a.gate2;
     let doses: Vec<String> = d
