@@ -3,7 +3,8 @@
 //! another CA or with an expired one is refused at the handshake; each
 //! role may call its own methods only (PERMISSION_DENIED otherwise, naming
 //! the role and the method); the buffer records the certificate's identity
-//! on each rollout; a blocklisted identity is refused after a reload; a
+//! on each rollout; a lease is its holder's alone (another actor can
+//! neither renew, release nor push into it); a blocklisted identity is refused after a reload; a
 //! rotated server certificate is served to new connections while an open
 //! weight stream keeps going; and the whole loop (buffer, learner, actor)
 //! runs over mutual TLS. Bearer tokens: a wrong or missing one is
@@ -286,6 +287,49 @@ async fn each_role_calls_its_own_methods_only() {
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("blocked"), "{}", e.message());
     source.get_stats(StatsRequest {}).await.unwrap();
+}
+
+#[tokio::test]
+async fn one_actor_cannot_release_or_fill_anothers_lease() {
+    let pki = Pki::new();
+    let cfg = BufferConfig {
+        group_size: 2,
+        min_group_size: 1,
+        batch_groups: 1,
+        ..Default::default()
+    };
+    let (url, _stop) = tls_buffer(cfg, pki.server(None)).await;
+    let (one, two) = (
+        pki.client("actor-1", "actor/actor-1"),
+        pki.client("actor-2", "actor/actor-2"),
+    );
+    let mut sink1 = RolloutSinkClient::new(connect(&url, Some(&one)).await.unwrap());
+    let mut sink2 = RolloutSinkClient::new(connect(&url, Some(&two)).await.unwrap());
+    let lease = LeaseRequest {
+        group_id: "g-1".into(),
+    };
+    assert!(
+        sink1
+            .lease(lease.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .granted
+    );
+    for e in [
+        sink2.release_lease(lease.clone()).await.unwrap_err(),
+        sink2.lease(lease.clone()).await.unwrap_err(),
+    ] {
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        let holder = format!("spiffe://{TD}/actor/actor-1");
+        assert!(e.message().contains(&holder), "{}", e.message());
+    }
+    let ack = push(&mut sink2, common::group("g-1", 2, 0)).await;
+    assert_eq!((ack.accepted, ack.rejected.len()), (0, 2), "{ack:?}");
+    assert!(ack.rejected[0].reason.contains("leased by"), "{ack:?}");
+    // The holder's lease is intact: it pushes its group under it.
+    let ack = push(&mut sink1, common::group("g-1", 2, 0)).await;
+    assert_eq!(ack.accepted, 2, "{ack:?}");
 }
 
 #[tokio::test]

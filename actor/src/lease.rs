@@ -308,8 +308,11 @@ async fn renew(client: RolloutSinkClient<AuthChannel>, group_id: String, ttl: Du
             Ok(r) => {
                 tracing::debug!(group = %group_id, held_by = %r.held_by, "lease lapsed and not granted again");
             }
-            // The group is in the buffer already: nothing left to hold.
-            Err(s) if s.code() == Code::FailedPrecondition => return,
+            // The group is in the buffer already, or its id is leased by
+            // another actor: nothing of ours left to hold.
+            Err(s) if matches!(s.code(), Code::FailedPrecondition | Code::PermissionDenied) => {
+                return;
+            }
             Err(s) => {
                 tracing::warn!(group = %group_id, "lease renewal failed ({}: {})", s.code(), s.message());
             }

@@ -27,6 +27,11 @@ use crate::admission::Hold;
 /// One outstanding lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
+    /// The verified identity that took it (`None` on a server that
+    /// verifies none): only it may renew, give back or fill the lease, so
+    /// one actor cannot free or take over the room another is generating
+    /// into.
+    pub holder: Option<String>,
     /// The learner version when it was granted: the actor generates with
     /// weights at least this new.
     pub version: u64,
@@ -40,6 +45,12 @@ impl Lease {
     /// Time left at `now` (zero once due).
     pub fn remaining(&self, now: Instant) -> Duration {
         self.expires.saturating_duration_since(now)
+    }
+
+    /// Whether `caller` may act on this lease: its holder, or anyone when
+    /// it was taken unauthenticated.
+    pub fn held_by(&self, caller: Option<&str>) -> bool {
+        self.holder.is_none() || self.holder.as_deref() == caller
     }
 }
 
@@ -113,9 +124,21 @@ impl LeaseTable {
         Some(l.clone())
     }
 
-    /// Records a new lease, granted at `now` under `version`.
-    pub fn grant(&mut self, group_id: &str, version: u64, incarnation: u64, now: Instant) -> Lease {
+    /// The lease on `group_id`, if any.
+    pub fn get(&self, group_id: &str) -> Option<&Lease> {
+        self.leases.get(group_id)
+    }
+
+    /// Records a new lease for `holder`, granted at `now` under `version`.
+    pub fn grant(
+        &mut self,
+        group_id: &str,
+        holder: Option<&str>,
+        (version, incarnation): (u64, u64),
+        now: Instant,
+    ) -> Lease {
         let lease = Lease {
+            holder: holder.map(str::to_string),
             version,
             incarnation,
             expires: now + self.ttl,
@@ -154,7 +177,7 @@ mod tests {
     fn a_lease_expires_ttl_after_its_grant() {
         let t0 = Instant::now();
         let mut t = LeaseTable::new(TTL);
-        let l = t.grant("g", 3, 7, t0);
+        let l = t.grant("g", None, (3, 7), t0);
         assert_eq!((l.version, l.incarnation), (3, 7));
         assert_eq!(l.remaining(t0), TTL);
         assert!(t.expire(t0 + TTL - Duration::from_millis(1)).is_empty());
@@ -166,7 +189,7 @@ mod tests {
     fn a_renewal_extends_and_keeps_the_granted_version() {
         let t0 = Instant::now();
         let mut t = LeaseTable::new(TTL);
-        t.grant("g", 3, 0, t0);
+        t.grant("g", None, (3, 0), t0);
         let later = t0 + Duration::from_secs(8);
         let l = t.renew("g", later).unwrap();
         assert_eq!(l.version, 3);
@@ -180,11 +203,24 @@ mod tests {
     }
 
     #[test]
+    fn only_its_holder_acts_on_an_authenticated_lease() {
+        let t0 = Instant::now();
+        let mut t = LeaseTable::new(TTL);
+        let mine = t.grant("g", Some("actor/a-1"), (0, 0), t0);
+        assert!(mine.held_by(Some("actor/a-1")));
+        assert!(!mine.held_by(Some("actor/a-2")));
+        assert!(!mine.held_by(None), "an unauthenticated caller is nobody");
+        let open = t.grant("h", None, (0, 0), t0);
+        assert!(open.held_by(None) && open.held_by(Some("actor/a-2")));
+        assert_eq!(t.get("g"), Some(&mine));
+    }
+
+    #[test]
     fn a_taken_lease_does_not_expire() {
         let t0 = Instant::now();
         let mut t = LeaseTable::new(TTL);
-        t.grant("g", 0, 0, t0);
-        t.grant("h", 0, 0, t0);
+        t.grant("g", None, (0, 0), t0);
+        t.grant("h", None, (0, 0), t0);
         assert_eq!(t.take("g").map(|l| l.version), Some(0));
         assert_eq!(t.take("g"), None);
         assert_eq!(t.expire(t0 + TTL), vec!["h".to_string()]);

@@ -32,6 +32,7 @@ impl From<BufferError> for Status {
             BufferError::Superseded(_) | BufferError::AlreadyPushed(_) => {
                 Status::failed_precondition(e.to_string())
             }
+            BufferError::NotHolder(_) => Status::permission_denied(e.to_string()),
             BufferError::Wal(e) => Status::internal(format!("{e}; the data is not durable, retry")),
         }
     }
@@ -96,7 +97,12 @@ impl RolloutSink for RolloutSinkService {
         // instead of DEADLINE_EXCEEDED.
         let caller = deadline::grpc_timeout(req.metadata());
         let wait = deadline::hold_within(self.buffer.config().lease_wait(), caller);
-        let answer = self.buffer.lease(&req.into_inner().group_id, wait).await?;
+        let holder = bapo_proto::tls::peer(&req).map(|p| p.id.clone());
+        let group_id = req.into_inner().group_id;
+        let answer = self
+            .buffer
+            .lease(&group_id, holder.as_deref(), wait)
+            .await?;
         Ok(Response::new(lease_reply(answer)))
     }
 
@@ -104,7 +110,9 @@ impl RolloutSink for RolloutSinkService {
         &self,
         req: Request<LeaseRequest>,
     ) -> Result<Response<ReleaseReply>, Status> {
-        let released = self.buffer.give_back_lease(&req.into_inner().group_id)?;
+        let holder = bapo_proto::tls::peer(&req).map(|p| p.id.clone());
+        let group_id = req.into_inner().group_id;
+        let released = self.buffer.give_back_lease(&group_id, holder.as_deref())?;
         Ok(Response::new(ReleaseReply { released }))
     }
 }

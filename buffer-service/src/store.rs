@@ -99,6 +99,9 @@ pub enum BufferError {
     /// A lease asked for a group that is already in the buffer.
     #[error("{0}")]
     AlreadyPushed(String),
+    /// A renewal or release of a lease another identity holds.
+    #[error("{0}")]
+    NotHolder(String),
     #[error(transparent)]
     Wal(#[from] WalError),
 }
@@ -320,6 +323,18 @@ impl Buffer {
             validate::check(&r, encoded_len, limits)
         };
         if let Err(rej) = checked {
+            return Ok(inner.reject(rej));
+        }
+        if let Some(holder) = inner.other_holder(&r.group_id, Some(&r.actor_id)) {
+            let reason = format!(
+                "group is leased by {holder:?}; a leased group is pushed by the identity that took the lease"
+            );
+            let rej = Rejection::new(
+                &r,
+                RejectCode::FailedPrecondition,
+                "leased_by_other",
+                reason,
+            );
             return Ok(inner.reject(rej));
         }
         if eviction::is_stale(learner_version, r.oldest_version(), inner.cfg.max_staleness) {

@@ -20,14 +20,14 @@ fn sync_cfg(batch_groups: u32) -> BufferConfig {
 }
 
 async fn grant(b: &Buffer, id: &str) -> Grant {
-    match b.lease(id, NO_WAIT).await.unwrap() {
+    match b.lease(id, None, NO_WAIT).await.unwrap() {
         LeaseAnswer::Granted(g) => g,
         other => panic!("lease {id}: {other:?}"),
     }
 }
 
 async fn not_granted(b: &Buffer, id: &str, wait: Duration) -> Hold {
-    match b.lease(id, wait).await.unwrap() {
+    match b.lease(id, None, wait).await.unwrap() {
         LeaseAnswer::NotGranted { held_by, .. } => held_by,
         other => panic!("lease {id} was granted: {other:?}"),
     }
@@ -54,7 +54,7 @@ async fn waiting_lease(
 ) -> tokio::task::JoinHandle<Result<LeaseAnswer, BufferError>> {
     let waiter = {
         let b = b.clone();
-        tokio::spawn(async move { b.lease(id, Duration::from_secs(30)).await })
+        tokio::spawn(async move { b.lease(id, None, Duration::from_secs(30)).await })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!waiter.is_finished(), "{id} got room it should wait for");
@@ -111,7 +111,7 @@ async fn a_lease_expires_and_frees_room() {
     grant(&b, "a").await;
     let waiter = {
         let b = b.clone();
-        tokio::spawn(async move { b.lease("b", Duration::from_secs(30)).await })
+        tokio::spawn(async move { b.lease("b", None, Duration::from_secs(30)).await })
     };
     // Not yet due: nothing changes.
     b.sweep(Instant::now());
@@ -149,7 +149,7 @@ async fn a_leased_push_is_admitted_without_a_second_check() {
     // The lease is gone, so the group is counted once: nothing else fits.
     assert!(!push_gets_in(&b, "b", Duration::from_millis(100)).await);
     // A lease on a group already in the buffer is refused by name.
-    match b.lease("a", NO_WAIT).await {
+    match b.lease("a", None, NO_WAIT).await {
         Err(BufferError::AlreadyPushed(m)) => assert!(m.contains("\"a\""), "{m}"),
         other => panic!("{other:?}"),
     }
@@ -213,7 +213,7 @@ async fn a_stale_leased_group_gives_its_lease_back() {
 async fn bad_ids_are_refused_and_closing_releases_waiters() {
     let b = Buffer::open(sync_cfg(1)).unwrap();
     for bad in [String::new(), "g".repeat(validate::MAX_ID_BYTES + 1)] {
-        match b.lease(&bad, NO_WAIT).await {
+        match b.lease(&bad, None, NO_WAIT).await {
             Err(BufferError::InvalidRequest(m)) => assert!(m.contains("group_id"), "{m}"),
             other => panic!("{other:?}"),
         }
@@ -221,7 +221,7 @@ async fn bad_ids_are_refused_and_closing_releases_waiters() {
     grant(&b, "a").await;
     let waiter = {
         let b = b.clone();
-        tokio::spawn(async move { b.lease("b", Duration::from_secs(30)).await })
+        tokio::spawn(async move { b.lease("b", None, Duration::from_secs(30)).await })
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     b.release_waiters();
@@ -258,7 +258,7 @@ async fn a_released_lease_frees_its_room_at_once() {
     grant(&b, "a").await;
     let waiter = waiting_lease(&b, "b").await;
     // a's actor dropped its group: the room goes to b long before the TTL.
-    assert!(b.give_back_lease("a").unwrap());
+    assert!(b.give_back_lease("a", None).unwrap());
     let answer = woken(waiter).await;
     assert!(matches!(answer, LeaseAnswer::Granted(_)), "{answer:?}");
     let s = b.stats();
@@ -268,11 +268,51 @@ async fn a_released_lease_frees_its_room_at_once() {
     );
     assert_eq!(s.admitted_groups, 1, "a no longer counts against the bound");
     // Idempotent, and nothing for an id with no lease.
-    assert!(!b.give_back_lease("a").unwrap());
-    assert!(!b.give_back_lease("never").unwrap());
-    assert!(b.give_back_lease("").is_err(), "a bad id is refused");
+    assert!(!b.give_back_lease("a", None).unwrap());
+    assert!(!b.give_back_lease("never", None).unwrap());
+    assert!(b.give_back_lease("", None).is_err(), "a bad id is refused");
     // A group whose lease was used is not released by a late call.
     push_group(&b, "b", 2, 0).await;
-    assert!(!b.give_back_lease("b").unwrap());
+    assert!(!b.give_back_lease("b", None).unwrap());
     assert_eq!(b.stats().leases_released, 1);
+}
+
+#[tokio::test]
+async fn a_lease_is_its_holders_alone() {
+    let b = Buffer::open(sync_cfg(2)).unwrap();
+    let mine = Some("actor/a0");
+    assert!(matches!(
+        b.lease("g", mine, NO_WAIT).await.unwrap(),
+        LeaseAnswer::Granted(_)
+    ));
+    // Another actor can neither renew it, nor free its room...
+    let renew = b.lease("g", Some("actor/a1"), NO_WAIT).await;
+    assert!(
+        matches!(&renew, Err(BufferError::NotHolder(m)) if m.contains("\"actor/a0\"")),
+        "{renew:?}"
+    );
+    let give_back = b.give_back_lease("g", Some("actor/a1"));
+    assert!(
+        matches!(give_back, Err(BufferError::NotHolder(_))),
+        "{give_back:?}"
+    );
+    assert!(
+        b.give_back_lease("g", None).is_err(),
+        "nor an unauthenticated caller"
+    );
+    // ...nor push into it: its rollout is refused by name.
+    let mut theirs = rollout("g", "g-x", &[0; 4]);
+    theirs.actor_id = "actor/a1".into();
+    let PushOutcome::Rejected(r) = b.push(theirs, 100).await.unwrap() else {
+        panic!("a push into another's lease was accepted")
+    };
+    assert_eq!(r.label, "leased_by_other", "{r:?}");
+    assert_eq!(b.stats().leases_outstanding, 1, "the lease is untouched");
+    // The holder renews, fills it, and the lease is used.
+    assert!(b.lease("g", mine, NO_WAIT).await.is_ok());
+    let mut own = rollout("g", "g-0", &[0; 4]);
+    own.actor_id = "actor/a0".into();
+    assert_eq!(b.push(own, 100).await.unwrap(), PushOutcome::Accepted);
+    let s = b.stats();
+    assert_eq!((s.leases_used, s.leases_outstanding), (1, 0));
 }

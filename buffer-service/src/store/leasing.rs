@@ -29,6 +29,8 @@ enum Refused {
     Held(Hold),
     /// The group is already in the buffer (pending, or sealed).
     Exists,
+    /// Another identity holds the lease on this group id.
+    NotHolder(String),
 }
 
 /// What the first rollout of a group found about a lease on it.
@@ -42,11 +44,18 @@ pub(super) enum NewGroup {
 }
 
 impl Buffer {
-    /// Grants a lease on `group_id`, or renews the one it holds. While no
-    /// rule admits a new group, waits up to `wait` for room (backpressure),
-    /// then answers [`LeaseAnswer::NotGranted`]: the caller asks again, and
-    /// nothing is reserved meanwhile. A renewal is never held.
-    pub async fn lease(&self, group_id: &str, wait: Duration) -> Result<LeaseAnswer, BufferError> {
+    /// Grants `holder` (the caller's verified identity, if any) a lease on
+    /// `group_id`, or renews the one it holds there; a lease another
+    /// identity holds is refused. While no rule admits a new group, waits
+    /// up to `wait` for room (backpressure), then answers
+    /// [`LeaseAnswer::NotGranted`]: the caller asks again, and nothing is
+    /// reserved meanwhile. A renewal is never held.
+    pub async fn lease(
+        &self,
+        group_id: &str,
+        holder: Option<&str>,
+        wait: Duration,
+    ) -> Result<LeaseAnswer, BufferError> {
         let inner = &*self.inner;
         validate::check_group_id(group_id).map_err(BufferError::InvalidRequest)?;
         let start = Instant::now();
@@ -58,7 +67,7 @@ impl Buffer {
             let notified = inner.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let held_by = match inner.try_lease(group_id, Instant::now()) {
+            let held_by = match inner.try_lease(group_id, holder, Instant::now()) {
                 Ok(grant) => {
                     if !grant.renewed {
                         let waited = start.elapsed().as_secs_f64();
@@ -70,6 +79,9 @@ impl Buffer {
                     return Err(BufferError::AlreadyPushed(format!(
                         "group {group_id:?} is already in the buffer; a lease is for a group not yet pushed"
                     )));
+                }
+                Err(Refused::NotHolder(other)) => {
+                    return Err(not_holder(group_id, &other, "renew"));
                 }
                 Err(Refused::Held(Hold::Full)) if inner.make_room() => continue,
                 Err(Refused::Held(why)) => why,
@@ -93,13 +105,20 @@ impl Buffer {
 }
 
 impl Buffer {
-    /// Gives back the lease on `group_id` because its actor dropped the
-    /// group: its room is free now, not `ttl` later. `false` when the id
-    /// holds no lease (used, expired, released before, or lost to a
-    /// restart): releasing is idempotent.
-    pub fn give_back_lease(&self, group_id: &str) -> Result<bool, BufferError> {
+    /// Gives back the lease on `group_id` because its actor (`holder`, the
+    /// identity that took it) dropped the group: its room is free now, not
+    /// `ttl` later. `false` when the id holds no lease (used, expired,
+    /// released before, or lost to a restart): releasing is idempotent.
+    pub fn give_back_lease(
+        &self,
+        group_id: &str,
+        holder: Option<&str>,
+    ) -> Result<bool, BufferError> {
         validate::check_group_id(group_id).map_err(BufferError::InvalidRequest)?;
         let inner = &*self.inner;
+        if let Some(other) = inner.other_holder(group_id, holder) {
+            return Err(not_holder(group_id, &other, "give back"));
+        }
         if !inner.drop_lease(group_id) {
             return Ok(false);
         }
@@ -109,7 +128,22 @@ impl Buffer {
     }
 }
 
+/// The refusal of an act on a lease another identity holds.
+fn not_holder(group_id: &str, holder: &str, act: &str) -> BufferError {
+    BufferError::NotHolder(format!(
+        "group {group_id:?} is leased by {holder:?}; only the identity that took a lease may {act} it"
+    ))
+}
+
 impl Inner {
+    /// Who holds the lease on `group_id`, when that is not `caller` (and
+    /// the lease was taken authenticated).
+    pub(super) fn other_holder(&self, group_id: &str, caller: Option<&str>) -> Option<String> {
+        let leases = self.leases.lock();
+        let l = leases.get(group_id)?;
+        (!l.held_by(caller)).then(|| l.holder.clone().unwrap_or_default())
+    }
+
     /// The learner's version and current incarnation (0: none reported).
     fn learner_now(&self) -> (u64, u64) {
         let incarnation = self.learner.read().lineage.current_id();
@@ -118,7 +152,12 @@ impl Inner {
 
     /// One attempt at a lease: a renewal if `group_id` holds one, else a
     /// new one if every admission rule allows a new group.
-    fn try_lease(&self, group_id: &str, now: Instant) -> Result<Grant, Refused> {
+    fn try_lease(
+        &self,
+        group_id: &str,
+        holder: Option<&str>,
+        now: Instant,
+    ) -> Result<Grant, Refused> {
         let (version, incarnation) = self.learner_now();
         // Under the shard lock: the group's first rollout cannot slip in
         // between this check and the grant.
@@ -127,6 +166,9 @@ impl Inner {
             Entry::Vacant(v) => v,
         };
         let mut leases = self.leases.lock();
+        if let Some(l) = leases.get(group_id).filter(|l| !l.held_by(holder)) {
+            return Err(Refused::NotHolder(l.holder.clone().unwrap_or_default()));
+        }
         if let Some(l) = leases.renew(group_id, now) {
             self.metrics.leases_renewed.increment(1);
             return Ok(Grant::of(&l, now, true));
@@ -142,7 +184,7 @@ impl Inner {
             self.admission.check(&view).map_err(Refused::Held)?;
             ledger.leased += 1;
         }
-        let l = leases.grant(group_id, version, incarnation, now);
+        let l = leases.grant(group_id, holder, (version, incarnation), now);
         self.metrics.leases.set(leases.len() as f64);
         drop(leases);
         drop(slot);
