@@ -118,6 +118,12 @@ fn a_killed_study_keeps_its_finished_runs_and_makes_the_rest() {
         kept.len(),
         "{log}"
     );
+    // The warm start's own row was measured before the first run and is
+    // not measured again.
+    assert!(
+        log.contains("warm-row of warm start 0 kept from an earlier start"),
+        "{log}"
+    );
     for (name, bytes) in kept.iter().zip(&before) {
         let now = std::fs::read(dir.path().join("study/finished").join(name)).expect("read");
         assert_eq!(&now, bytes, "{name} was made again");

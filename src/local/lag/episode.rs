@@ -101,7 +101,7 @@ pub struct ArmRun {
 
 /// A warm start itself as a row of the table: what every arm starts from,
 /// on the same probe and the same test split.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WarmRow {
     pub warm: u64,
     pub entropy: f64,

@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use sha2::{Digest, Sha256};
 
 use super::episode::ArmRun;
@@ -29,13 +29,17 @@ pub struct Finished {
     commit: Option<String>,
 }
 
-/// One finished run as stored.
+/// One finished run (or measurement) as stored.
 #[derive(Serialize, Deserialize)]
-struct Stored {
+struct Stored<T> {
     fingerprint: String,
     commit: Option<String>,
-    run: ArmRun,
+    run: T,
 }
+
+/// Where measurements made before any run are kept, inside the directory
+/// of finished runs (so it travels with them).
+const BEFORE_RUNS: &str = "before-runs";
 
 impl Finished {
     /// `setting`: what every run shares, as `study.json` records it;
@@ -62,9 +66,49 @@ impl Finished {
     /// The run of `arm` (its definition serialised) from warm start `warm`
     /// on `seed`, if one finished under the same fingerprint.
     pub fn load(&self, arm: &impl Serialize, arm_id: &str, warm: u64, seed: u64) -> Option<ArmRun> {
-        let path = self.path(arm_id, warm, seed);
-        let text = std::fs::read_to_string(&path).ok()?;
-        let stored: Stored = match serde_json::from_str(&text) {
+        self.read(&self.path(arm_id, warm, seed), arm, warm)
+    }
+
+    /// Keeps `run` (written aside, then renamed: a kill mid-write leaves
+    /// the old file or none, never half of one).
+    pub fn save(&self, arm: &impl Serialize, run: &ArmRun) -> anyhow::Result<()> {
+        let path = self.path(&run.arm, run.warm, run.seed);
+        self.write(&path, arm, run.warm, run)
+    }
+
+    /// A measurement of warm start `warm` made before any run (its own
+    /// row, Gate 0), if one was kept under the same fingerprint: `key`
+    /// holds whatever besides the setting changes it. A study restarted in
+    /// every session of a multi-session study would otherwise measure the
+    /// same warm starts again, on one core, before its runs.
+    pub fn load_measure<T: DeserializeOwned>(
+        &self,
+        name: &str,
+        key: &impl Serialize,
+        warm: u64,
+    ) -> Option<T> {
+        self.read(&self.measure_path(name, warm), key, warm)
+    }
+
+    /// Keeps a measurement of warm start `warm` as [`Self::load_measure`]
+    /// reads it back.
+    pub fn save_measure<T: Serialize>(
+        &self,
+        name: &str,
+        key: &impl Serialize,
+        warm: u64,
+        value: &T,
+    ) -> anyhow::Result<()> {
+        let path = self.measure_path(name, warm);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        self.write(&path, key, warm, value)
+    }
+
+    fn read<T: DeserializeOwned>(&self, path: &Path, key: &impl Serialize, warm: u64) -> Option<T> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let stored: Stored<T> = match serde_json::from_str(&text) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!(
@@ -74,7 +118,7 @@ impl Finished {
                 return None;
             }
         };
-        if stored.fingerprint != self.fingerprint(arm, warm).ok()? {
+        if stored.fingerprint != self.fingerprint(key, warm).ok()? {
             eprintln!(
                 "study: {} was made under another setting; running it again",
                 path.display()
@@ -84,18 +128,19 @@ impl Finished {
         Some(stored.run)
     }
 
-    /// Keeps `run` (written aside, then renamed: a kill mid-write leaves
-    /// the old file or none, never half of one).
-    pub fn save(&self, arm: &impl Serialize, run: &ArmRun) -> anyhow::Result<()> {
+    fn write<T: Serialize>(
+        &self,
+        path: &Path,
+        key: &impl Serialize,
+        warm: u64,
+        value: &T,
+    ) -> anyhow::Result<()> {
         let stored = Stored {
-            fingerprint: self.fingerprint(arm, run.warm)?,
+            fingerprint: self.fingerprint(key, warm)?,
             commit: self.commit.clone(),
-            run: run.clone(),
+            run: value,
         };
-        write_aside(
-            &self.path(&run.arm, run.warm, run.seed),
-            serde_json::to_string(&stored)?,
-        )
+        write_aside(path, serde_json::to_string(&stored)?)
     }
 
     /// The commits the finished runs of `keys` were made at, each once.
@@ -103,7 +148,7 @@ impl Finished {
         let mut out: Vec<String> = keys
             .iter()
             .filter_map(|(arm, w, s)| std::fs::read_to_string(self.path(arm, *w, *s)).ok())
-            .filter_map(|t| serde_json::from_str::<Stored>(&t).ok()?.commit)
+            .filter_map(|t| serde_json::from_str::<Stored<ArmRun>>(&t).ok()?.commit)
             .collect();
         out.sort();
         out.dedup();
@@ -124,6 +169,12 @@ impl Finished {
 
     fn path(&self, arm: &str, warm: u64, seed: u64) -> PathBuf {
         self.dir.join(format!("{arm}-w{warm}-s{seed}.json"))
+    }
+
+    fn measure_path(&self, name: &str, warm: u64) -> PathBuf {
+        self.dir
+            .join(BEFORE_RUNS)
+            .join(format!("{name}-w{warm}.json"))
     }
 }
 
@@ -247,6 +298,26 @@ mod tests {
         );
         warm(root.path(), b"other weights");
         assert_eq!(open(root.path(), setting).load(&arm, "p2", 0, 3), None);
+    }
+
+    #[test]
+    fn a_measurement_before_runs_is_kept_under_its_own_key() {
+        let root = tempfile::tempdir().unwrap();
+        warm(root.path(), b"weights");
+        let key = serde_json::json!({"groups": 256});
+        let store = open(root.path(), serde_json::json!({"steps": 60}));
+        assert_eq!(store.load_measure::<f64>("gate0", &key, 0), None);
+        store.save_measure("gate0", &key, 0, &0.356).unwrap();
+        let again = open(root.path(), serde_json::json!({"steps": 60}));
+        assert_eq!(again.load_measure::<f64>("gate0", &key, 0), Some(0.356));
+        let fewer = serde_json::json!({"groups": 64});
+        assert_eq!(again.load_measure::<f64>("gate0", &fewer, 0), None);
+        assert_eq!(again.load_measure::<f64>("warm-row", &key, 0), None);
+        // Not a run: the finished runs' directory lists none.
+        assert_eq!(again.load(&key, "gate0", 0, 0), None);
+        warm(root.path(), b"other weights");
+        let other = open(root.path(), serde_json::json!({"steps": 60}));
+        assert_eq!(other.load_measure::<f64>("gate0", &key, 0), None);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use bapo_learner::{
     rollouts::TrainGroup,
 };
 use bapo_policy::SamplingParams;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::episode::{Setup, mix};
 
@@ -30,7 +30,7 @@ pub const GATE0_BAND: (f64, f64) = (0.33, 0.42);
 const GATE_STREAM: u64 = 0x6761_7465_305f_7331; // "gate0_s1"
 
 /// What Gate 0 measured on one warm start.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Gate0 {
     pub warm: u64,
     pub groups: usize,

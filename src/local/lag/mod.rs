@@ -106,7 +106,6 @@ pub fn run(study: &LagStudy) -> anyhow::Result<()> {
             .validate()
             .with_context(|| format!("arm {}", arm.id))?;
     }
-    let (gates, warm_rows) = before_runs(&setup, study)?;
     let jobs: Vec<Job> = (0..study.warm_starts)
         .flat_map(|w| study.seeds.iter().map(move |&s| (w, s)))
         .flat_map(|(w, s)| arms.iter().map(move |a| (a.clone(), w, s)))
@@ -118,6 +117,7 @@ pub fn run(study: &LagStudy) -> anyhow::Result<()> {
         &setup.inits,
         commit.clone(),
     )?;
+    let (gates, warm_rows) = before_runs(&setup, study, &finished)?;
     let runs = run_all(&setup, &finished, &jobs, study.jobs.max(1))?;
     let verdicts = match study.design {
         Design::Lag(_) => Verdicts::Lag(analysis::analyse(&arms, &runs)),
@@ -174,6 +174,7 @@ fn setting(cfg: &ConfigFile, study: &LagStudy, setup: &Setup) -> serde_json::Val
         "learner": setup.base,
         "validation_problems": setup.validation.len(),
         "test_problems": setup.test.len(),
+        "pass_k": setup.pass_k,
     })
 }
 
@@ -230,18 +231,41 @@ fn inits(cfg: &ConfigFile, study: &LagStudy) -> anyhow::Result<Vec<PathBuf>> {
     }
 }
 
-/// Reuse only: Gate 0 and the warm starts' own row, before any run.
+/// Reuse only: Gate 0 and the warm starts' own row, before any run; kept
+/// beside the finished runs and read back by a restarted study.
 fn before_runs(
     setup: &Setup,
     study: &LagStudy,
+    finished: &Finished,
 ) -> anyhow::Result<(Vec<gate::Gate0>, Vec<episode::WarmRow>)> {
     if let Design::Lag(_) = study.design {
         return Ok((Vec::new(), Vec::new()));
     }
     let rows = (0..study.warm_starts)
-        .map(|w| setup.warm_row(w))
+        .map(|w| {
+            kept(finished, ("warm-row", &serde_json::json!({})), w, || {
+                setup.warm_row(w)
+            })
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    Ok((gate0(setup, study)?, rows))
+    Ok((gate0(setup, study, Some(finished))?, rows))
+}
+
+/// Measurement `name` of warm start `w` under `key`: kept from an earlier
+/// start of the study, or made by `measure` and kept.
+fn kept<T: serde::Serialize + serde::de::DeserializeOwned>(
+    finished: &Finished,
+    (name, key): (&str, &serde_json::Value),
+    w: u64,
+    measure: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    if let Some(v) = finished.load_measure(name, key, w) {
+        eprintln!("study: {name} of warm start {w} kept from an earlier start");
+        return Ok(v);
+    }
+    let v = measure()?;
+    finished.save_measure(name, key, w, &v)?;
+    Ok(v)
 }
 
 /// `--gate-only`: Gate 0 on every warm start, in `gate0.json`.
@@ -255,7 +279,7 @@ fn gate_only(
         "command": command_line(study),
         "commit": commit,
         "setting": setting(cfg, study, setup),
-        "gate0": gate0(setup, study)?,
+        "gate0": gate0(setup, study, None)?,
     });
     let path = study.out.join("gate0.json");
     finished::write_aside(&path, serde_json::to_string_pretty(&json)?)?;
@@ -264,8 +288,13 @@ fn gate_only(
 }
 
 /// Gate 0 on every warm start (before any run, so a failed gate is known
-/// before hours of runs).
-fn gate0(setup: &Setup, study: &LagStudy) -> anyhow::Result<Vec<gate::Gate0>> {
+/// before hours of runs); kept in `finished` where given (`--gate-only`
+/// always measures).
+fn gate0(
+    setup: &Setup,
+    study: &LagStudy,
+    finished: Option<&Finished>,
+) -> anyhow::Result<Vec<gate::Gate0>> {
     if study.gate_groups == 0 {
         return Ok(Vec::new());
     }
@@ -278,7 +307,12 @@ fn gate0(setup: &Setup, study: &LagStudy) -> anyhow::Result<Vec<gate::Gate0>> {
     };
     (0..study.warm_starts)
         .map(|w| {
-            let g = gate::measure(setup, w, study.gate_groups, minibatch)?;
+            let measure = || gate::measure(setup, w, study.gate_groups, minibatch);
+            let key = serde_json::json!({"groups": study.gate_groups, "minibatch": minibatch});
+            let g = match finished {
+                Some(f) => kept(f, ("gate0", &key), w, measure)?,
+                None => measure()?,
+            };
             eprintln!(
                 "gate 0, warm start {w}: positive share {:.3} ({}), accuracy {:.3}, \
                  right {:.1} / wrong {:.1} tokens, {:.0}% truncated; per mini-batch of {} \
