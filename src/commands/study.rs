@@ -57,6 +57,10 @@ pub struct StudyArgs {
     /// `[model] seed` + 0..N), each run with every seed.
     #[arg(long, default_value_t = 1, requires = "controlled")]
     pub warm_starts: u64,
+    /// With `--lag`/`--reuse`: the warm starts' model seeds, one each
+    /// (instead of `--warm-starts`: warm starts chosen by a screen).
+    #[arg(long, requires = "controlled", conflicts_with = "warm_starts")]
+    pub model_seeds: Option<String>,
     /// With `--reuse`: fresh groups per warm start that Gate 0 samples
     /// (0 skips it; default 128).
     #[arg(long, requires = "controlled", conflicts_with = "lag")]
@@ -108,12 +112,21 @@ pub async fn run(args: StudyArgs) -> anyhow::Result<()> {
         _ => None,
     };
     if let Some(design) = design {
+        let model_seeds: Vec<u64> = match &args.model_seeds {
+            Some(m) => list(m, "--model-seeds")?,
+            None => Vec::new(),
+        };
         let study = LagStudy {
             config: args.config,
             design,
             arms: args.arms,
             seeds: list(&args.seeds, "--seeds")?,
-            warm_starts: args.warm_starts,
+            warm_starts: if model_seeds.is_empty() {
+                args.warm_starts
+            } else {
+                model_seeds.len() as u64
+            },
+            model_seeds,
             gate_groups: args.gate_groups.unwrap_or(128),
             steps: args.steps,
             probe_every: args.probe_every,

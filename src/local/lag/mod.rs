@@ -59,6 +59,10 @@ pub struct LagStudy {
     /// Independent warm starts (model seeds 0..n), each run with every
     /// seed; 1: the config's model seed only.
     pub warm_starts: u64,
+    /// The warm starts' model seeds, one each (`--model-seeds`; empty: the
+    /// config's seed + 0..n): warm starts chosen by a screen need not be
+    /// consecutive seeds.
+    pub model_seeds: Vec<u64>,
     /// Gate 0's fresh groups per warm start (reuse; 0 skips it).
     pub gate_groups: usize,
     /// RL steps per run (default: the config's).
@@ -164,6 +168,7 @@ fn setting(cfg: &ConfigFile, study: &LagStudy, setup: &Setup) -> serde_json::Val
         "lag": lag,
         "updates_per_batch": updates,
         "warm_starts": study.warm_starts,
+        "model_seeds": (0..study.warm_starts).map(|w| model_seed(cfg, study, w)).collect::<Vec<_>>(),
         "probe_prompts": setup.probe.prompts.len(),
         "probe_samples": setup.probe.k,
         "steps": setup.steps,
@@ -185,7 +190,9 @@ fn setting(cfg: &ConfigFile, study: &LagStudy, setup: &Setup) -> serde_json::Val
 fn fingerprinted(setting: &serde_json::Value) -> serde_json::Value {
     let mut s = setting.clone();
     if let Some(m) = s.as_object_mut() {
-        for key in ["warm_starts", "lag", "updates_per_batch"] {
+        // A warm start's seed is in its bytes, which each run's
+        // fingerprint hashes.
+        for key in ["warm_starts", "model_seeds", "lag", "updates_per_batch"] {
             m.remove(key);
         }
     }
@@ -218,7 +225,45 @@ fn arms_of(study: &LagStudy) -> anyhow::Result<Vec<Arm>> {
         "--init gives one warm start: --warm-starts {} cannot mean anything with it",
         study.warm_starts
     );
+    check_model_seeds(study)?;
     arms::select(all, &study.arms).map_err(anyhow::Error::msg)
+}
+
+/// `--model-seeds`: one per warm start, each once, and not with `--init`
+/// (whose warm start was trained elsewhere).
+fn check_model_seeds(study: &LagStudy) -> anyhow::Result<()> {
+    let seeds = &study.model_seeds;
+    if seeds.is_empty() {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        study.init.is_none(),
+        "--model-seeds trains warm starts; --init gives one already trained"
+    );
+    anyhow::ensure!(
+        seeds.len() as u64 == study.warm_starts,
+        "--model-seeds names {} warm starts, --warm-starts {}",
+        seeds.len(),
+        study.warm_starts
+    );
+    let mut sorted = seeds.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    anyhow::ensure!(
+        sorted.len() == seeds.len(),
+        "--model-seeds {seeds:?}: a seed twice would be one warm start counted twice"
+    );
+    Ok(())
+}
+
+/// Warm start `w`'s model seed: `--model-seeds`' `w`-th, or the config's
+/// plus `w`.
+fn model_seed(cfg: &ConfigFile, study: &LagStudy, w: u64) -> u64 {
+    study
+        .model_seeds
+        .get(w as usize)
+        .copied()
+        .unwrap_or(cfg.model.seed + w)
 }
 
 /// The warm starts: `--init`, or trained (or found) under the output.
@@ -356,7 +401,10 @@ fn command_line(study: &LagStudy) -> String {
         c += &format!(" --config {}", p.display());
     }
     c += &format!(" --seeds {} --out {}", seeds.join(","), study.out.display());
-    if study.warm_starts != 1 {
+    if !study.model_seeds.is_empty() {
+        let m: Vec<String> = study.model_seeds.iter().map(u64::to_string).collect();
+        c += &format!(" --model-seeds {}", m.join(","));
+    } else if study.warm_starts != 1 {
         c += &format!(" --warm-starts {}", study.warm_starts);
     }
     if !study.arms.is_empty() {
@@ -383,8 +431,9 @@ fn command_line(study: &LagStudy) -> String {
     c
 }
 
-/// Warm start `w`: the config's model seed plus `w` (one warm start keeps
-/// the lag study's directory name). Reused when already on disk.
+/// Warm start `w`, trained from fresh weights of its model seed (one warm
+/// start keeps the lag study's directory name). Reused when already on
+/// disk, unless it records another seed.
 fn warm_start(cfg: &ConfigFile, study: &LagStudy, w: u64) -> anyhow::Result<PathBuf> {
     let dir = if study.warm_starts == 1 {
         study.out.join("warm-start")
@@ -392,19 +441,49 @@ fn warm_start(cfg: &ConfigFile, study: &LagStudy, w: u64) -> anyhow::Result<Path
         study.out.join(format!("warm-start-{w}"))
     };
     let mut cfg = cfg.clone();
-    cfg.model.seed += w;
+    cfg.model.seed = model_seed(&cfg, study, w);
+    let seed = cfg.model.seed;
     let built = built_once(&dir, |tmp| {
         let s = sft::warm_start(&cfg, tmp, 0, false)?;
+        std::fs::write(tmp.join(SEED_FILE), format!("{seed}\n"))?;
         eprintln!(
-            "study: warm start {w}, {} SFT steps in {:.0} s",
+            "study: warm start {w} (model seed {seed}), {} SFT steps in {:.0} s",
             s.steps, s.seconds
         );
         Ok(())
     })?;
     if !built {
+        check_seed(&dir, seed)?;
         eprintln!("study: reusing the warm start in {}", dir.display());
     }
     Ok(dir)
+}
+
+/// The file in a warm start that names the model seed it was trained from.
+const SEED_FILE: &str = "model-seed.txt";
+
+/// Refuses a warm start on disk that records another model seed than the
+/// one the study means for it (a changed `[model] seed` or
+/// `--model-seeds`); one from before seeds were recorded is taken on trust.
+fn check_seed(dir: &std::path::Path, seed: u64) -> anyhow::Result<()> {
+    let Ok(text) = std::fs::read_to_string(dir.join(SEED_FILE)) else {
+        eprintln!(
+            "study: {} records no model seed (built before they were recorded); taken as {seed}",
+            dir.display()
+        );
+        return Ok(());
+    };
+    let found: u64 = text
+        .trim()
+        .parse()
+        .with_context(|| format!("{}: not a model seed", dir.join(SEED_FILE).display()))?;
+    anyhow::ensure!(
+        found == seed,
+        "{} was trained from model seed {found}, but this study means model seed {seed} for \
+         it: move it aside, or name its seed with --model-seeds",
+        dir.display()
+    );
+    Ok(())
 }
 
 /// Builds `dir` once: in `<dir>.partial`, renamed into place only when
@@ -563,6 +642,7 @@ mod tests {
             arms: "a,u8".into(),
             seeds: vec![0, 1],
             warm_starts: 1,
+            model_seeds: Vec::new(),
             gate_groups: 64,
             steps: Some(60),
             probe_every: 20,
@@ -594,8 +674,61 @@ mod tests {
         }
     }
 
-    /// A build that stops midway (as a kill would) leaves no directory
-    /// that looks built; the next call builds it, and later calls reuse it.
+    #[test]
+    fn model_seeds_are_recorded_and_refused_where_they_cannot_mean_anything() {
+        let study = LagStudy {
+            config: None,
+            design: Design::Reuse(8),
+            arms: String::new(),
+            seeds: vec![0],
+            warm_starts: 3,
+            model_seeds: vec![2, 5, 6],
+            gate_groups: 256,
+            steps: None,
+            probe_every: 50,
+            probe_prompts: 256,
+            probe_samples: 8,
+            jobs: 2,
+            out: "r".into(),
+            init: None,
+            ni_margin: 0.01,
+            gate_only: false,
+        };
+        let c = command_line(&study);
+        assert!(
+            c.contains(" --model-seeds 2,5,6 ") && !c.contains("--warm-starts"),
+            "{c}"
+        );
+        assert!(arms_of(&study).is_ok());
+        let refused = |s: LagStudy| arms_of(&s).err().map(|e| e.to_string()).unwrap_or_default();
+        let twice = refused(LagStudy {
+            model_seeds: vec![2, 5, 2],
+            ..study.clone()
+        });
+        assert!(twice.contains("--model-seeds [2, 5, 2]"), "{twice}");
+        let init = refused(LagStudy {
+            warm_starts: 1,
+            model_seeds: vec![2],
+            init: Some("w".into()),
+            ..study.clone()
+        });
+        assert!(init.contains("--init"), "{init}");
+    }
+
+    #[test]
+    fn a_warm_start_recording_another_seed_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path();
+        assert!(check_seed(dir, 3).is_ok(), "no record: taken on trust");
+        std::fs::write(dir.join(SEED_FILE), "2\n").unwrap();
+        assert!(check_seed(dir, 2).is_ok());
+        let e = check_seed(dir, 3).unwrap_err().to_string();
+        assert!(
+            e.contains("model seed 2") && e.contains("model seed 3"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn the_commit_is_the_builds() {
         let here = git_commit().expect("built from a git checkout");
@@ -606,6 +739,8 @@ mod tests {
         );
     }
 
+    /// A build that stops midway (as a kill would) leaves no directory
+    /// that looks built; the next call builds it, and later calls reuse it.
     #[test]
     fn an_unfinished_build_is_redone_and_a_finished_one_reused() {
         let root = tempfile::tempdir().unwrap();
