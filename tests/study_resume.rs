@@ -161,6 +161,7 @@ fn gate_only_measures_gate0_per_mini_batch_and_makes_no_run() {
     let out = dir.path().join("gate");
     let run = Command::new(env!("CARGO_BIN_EXE_bapo"))
         .args(["study", "--reuse", "2", "--gate-only", "--gate-groups", "6"])
+        .args(["--model-seeds", "7"])
         .arg("--config")
         .arg(dir.path().join("config.toml"))
         .arg("--out")
@@ -185,4 +186,15 @@ fn gate_only_measures_gate0_per_mini_batch_and_makes_no_run() {
     );
     assert!(!out.join("finished").exists() && !out.join("study.json").exists());
     assert!(log.contains("per mini-batch of 1 groups"), "{log}");
+    // A screen of model seed 7: the warm start says which seed it is, and
+    // the setting records it.
+    let seed = std::fs::read_to_string(out.join("warm-start/model-seed.txt")).expect("seed");
+    assert_eq!(seed.trim(), "7");
+    assert_eq!(gate["setting"]["model_seeds"], serde_json::json!([7]));
+    assert!(
+        gate["command"]
+            .as_str()
+            .is_some_and(|c| c.contains(" --model-seeds 7")),
+        "{gate}"
+    );
 }
