@@ -186,9 +186,10 @@ fn gate_only_measures_gate0_per_mini_batch_and_makes_no_run() {
     );
     assert!(!out.join("finished").exists() && !out.join("study.json").exists());
     assert!(log.contains("per mini-batch of 1 groups"), "{log}");
-    // A screen of model seed 7: the warm start says which seed it is, and
+    // A screen of model seed 7: the warm start says which seed it is (in
+    // the directory a study of several named seeds gives its first), and
     // the setting records it.
-    let seed = std::fs::read_to_string(out.join("warm-start/model-seed.txt")).expect("seed");
+    let seed = std::fs::read_to_string(out.join("warm-start-0/model-seed.txt")).expect("seed");
     assert_eq!(seed.trim(), "7");
     assert_eq!(gate["setting"]["model_seeds"], serde_json::json!([7]));
     assert!(

@@ -432,10 +432,12 @@ fn command_line(study: &LagStudy) -> String {
 }
 
 /// Warm start `w`, trained from fresh weights of its model seed (one warm
-/// start keeps the lag study's directory name). Reused when already on
-/// disk, unless it records another seed.
+/// start keeps the lag study's directory name, unless `--model-seeds`
+/// names it: then `warm-start-{w}` always, so a study of the first
+/// admitted warm start finds the same directory as the whole study).
+/// Reused when already on disk, unless it records another seed.
 fn warm_start(cfg: &ConfigFile, study: &LagStudy, w: u64) -> anyhow::Result<PathBuf> {
-    let dir = if study.warm_starts == 1 {
+    let dir = if study.warm_starts == 1 && study.model_seeds.is_empty() {
         study.out.join("warm-start")
     } else {
         study.out.join(format!("warm-start-{w}"))
