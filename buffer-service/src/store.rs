@@ -325,7 +325,15 @@ impl Buffer {
         if let Err(rej) = checked {
             return Ok(inner.reject(rej));
         }
-        if let Some(holder) = inner.other_holder(&r.group_id, Some(&r.actor_id)) {
+        // A lease exists only for a group not yet in the buffer (its first
+        // rollout redeems it): rollouts joining a group do not take the
+        // lease table's lock, which every push would otherwise serialise on.
+        let other = if inner.groups.contains_key(&r.group_id) {
+            None
+        } else {
+            inner.other_holder(&r.group_id, Some(&r.actor_id))
+        };
+        if let Some(holder) = other {
             let reason = format!(
                 "group is leased by {holder:?}; a leased group is pushed by the identity that took the lease"
             );
