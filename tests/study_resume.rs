@@ -157,7 +157,12 @@ fn a_killed_study_keeps_its_finished_runs_and_makes_the_rest() {
 #[test]
 fn gate_only_measures_gate0_per_mini_batch_and_makes_no_run() {
     let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::write(dir.path().join("config.toml"), CONFIG).expect("config");
+    // A target never met: the warm start runs to its cap, checking twice.
+    let config = CONFIG.replace(
+        "check_every = 100",
+        "check_every = 10\ntarget_accuracy = 0.99",
+    );
+    std::fs::write(dir.path().join("config.toml"), config).expect("config");
     let out = dir.path().join("gate");
     let run = Command::new(env!("CARGO_BIN_EXE_bapo"))
         .args(["study", "--reuse", "2", "--gate-only", "--gate-groups", "6"])
@@ -186,6 +191,17 @@ fn gate_only_measures_gate0_per_mini_batch_and_makes_no_run() {
     );
     assert!(!out.join("finished").exists() && !out.join("study.json").exists());
     assert!(log.contains("per mini-batch of 1 groups"), "{log}");
+    // The log shows how far the warm start got at each check.
+    let line = log
+        .lines()
+        .find(|l| l.contains("greedy training accuracy at each check (target 0.99)"))
+        .unwrap_or_else(|| panic!("no SFT checks in the log: {log}"));
+    let checks: Vec<&str> = line.rsplit(": ").next().unwrap_or("").split(' ').collect();
+    assert_eq!(checks.len(), 2, "{line}");
+    assert!(
+        checks[0].ends_with("@10") && checks[1].ends_with("@20"),
+        "{line}"
+    );
     // A screen of model seed 7: the warm start says which seed it is (in
     // the directory a study of several named seeds gives its first), and
     // the setting records it.

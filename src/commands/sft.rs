@@ -40,11 +40,22 @@ pub struct SftSummary {
     /// The last check's greedy accuracy on training problems (with
     /// `[sft] target_accuracy`).
     pub train_accuracy: Option<f64>,
+    /// Every check on the way, so a warm start that stopped at the step
+    /// cap shows how far from its target it was and whether it was still
+    /// climbing.
+    pub checks: Vec<SftCheck>,
     pub final_nll: f64,
     pub accuracy_before: f64,
     pub accuracy_after: f64,
     pub seconds: f64,
     pub out: PathBuf,
+}
+
+/// One greedy accuracy check of `[sft] check_every`.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SftCheck {
+    pub step: u64,
+    pub train_accuracy: f64,
 }
 
 pub fn run(args: SftArgs) -> anyhow::Result<()> {
@@ -84,9 +95,16 @@ pub fn warm_start(
     );
     let mut last = SftStep::default();
     let mut train_accuracy = None;
+    let mut checks = Vec::new();
     let policy = sft(policy, &tokenizer, &*task, stop[0], &cfg.sft, |s| {
         bar.set_position(s.step);
         train_accuracy = s.accuracy.or(train_accuracy);
+        if let Some(a) = s.accuracy {
+            checks.push(SftCheck {
+                step: s.step,
+                train_accuracy: a,
+            });
+        }
         let acc = train_accuracy.map_or(String::new(), |a| format!("  train acc {a:.2}"));
         bar.set_message(format!(
             "nll {:.3}{acc}  {:.0} tok/s",
@@ -109,6 +127,7 @@ pub fn warm_start(
     Ok(SftSummary {
         steps: last.step,
         train_accuracy,
+        checks,
         final_nll: last.nll,
         accuracy_before: before.greedy_accuracy,
         accuracy_after: after.greedy_accuracy,

@@ -448,9 +448,18 @@ fn warm_start(cfg: &ConfigFile, study: &LagStudy, w: u64) -> anyhow::Result<Path
     let built = built_once(&dir, |tmp| {
         let s = sft::warm_start(&cfg, tmp, 0, false)?;
         std::fs::write(tmp.join(SEED_FILE), format!("{seed}\n"))?;
+        let checks: Vec<String> = s
+            .checks
+            .iter()
+            .map(|c| format!("{:.3}@{}", c.train_accuracy, c.step))
+            .collect();
         eprintln!(
-            "study: warm start {w} (model seed {seed}), {} SFT steps in {:.0} s",
-            s.steps, s.seconds
+            "study: warm start {w} (model seed {seed}), {} SFT steps in {:.0} s; \
+             greedy training accuracy at each check (target {}): {}",
+            s.steps,
+            s.seconds,
+            cfg.sft.target_accuracy,
+            checks.join(" ")
         );
         Ok(())
     })?;
