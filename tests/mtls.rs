@@ -327,9 +327,17 @@ async fn one_actor_cannot_release_or_fill_anothers_lease() {
     let ack = push(&mut sink2, common::group("g-1", 2, 0)).await;
     assert_eq!((ack.accepted, ack.rejected.len()), (0, 2), "{ack:?}");
     assert!(ack.rejected[0].reason.contains("leased by"), "{ack:?}");
-    // The holder's lease is intact: it pushes its group under it.
-    let ack = push(&mut sink1, common::group("g-1", 2, 0)).await;
-    assert_eq!(ack.accepted, 2, "{ack:?}");
+    // The holder's lease is intact: its first rollout redeems it...
+    let mut mine = common::group("g-1", 2, 0).into_iter();
+    let ack = push(&mut sink1, mine.by_ref().take(1).collect()).await;
+    assert_eq!(ack.accepted, 1, "{ack:?}");
+    // ...and the group stays the holder's until complete.
+    let theirs = common::group("g-1", 2, 0).split_off(1);
+    let ack = push(&mut sink2, theirs).await;
+    assert_eq!((ack.accepted, ack.rejected.len()), (0, 1), "{ack:?}");
+    assert!(ack.rejected[0].reason.contains("leased by"), "{ack:?}");
+    let ack = push(&mut sink1, mine.collect()).await;
+    assert_eq!(ack.accepted, 1, "{ack:?}");
 }
 
 #[tokio::test]

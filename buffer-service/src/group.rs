@@ -17,6 +17,11 @@ pub struct PendingGroup {
     pub created: Instant,
     pub bytes: u64,
     pub oldest_version: u64,
+    /// The verified identity whose lease this group redeemed: only it may
+    /// add members. None for a group pushed without a lease, leased
+    /// unauthenticated, or replayed after a restart (leases are not
+    /// logged).
+    pub holder: Option<String>,
 }
 
 impl PendingGroup {
@@ -28,6 +33,7 @@ impl PendingGroup {
             created,
             bytes,
             oldest_version,
+            holder: None,
         }
     }
 

@@ -327,23 +327,15 @@ impl Buffer {
         }
         // A lease exists only for a group not yet in the buffer (its first
         // rollout redeems it): rollouts joining a group do not take the
-        // lease table's lock, which every push would otherwise serialise on.
+        // lease table's lock, which every push would otherwise serialise on;
+        // the group itself remembers its holder (`try_join_existing`).
         let other = if inner.groups.contains_key(&r.group_id) {
             None
         } else {
             inner.other_holder(&r.group_id, Some(&r.actor_id))
         };
         if let Some(holder) = other {
-            let reason = format!(
-                "group is leased by {holder:?}; a leased group is pushed by the identity that took the lease"
-            );
-            let rej = Rejection::new(
-                &r,
-                RejectCode::FailedPrecondition,
-                "leased_by_other",
-                reason,
-            );
-            return Ok(inner.reject(rej));
+            return Ok(inner.reject(push::leased_by_other(&r, &holder)));
         }
         if eviction::is_stale(learner_version, r.oldest_version(), inner.cfg.max_staleness) {
             inner.evict_pending(&r.group_id, EvictReason::Stale);
@@ -379,7 +371,7 @@ impl Buffer {
                     // A lease granted while this rollout waited for room
                     // is redundant: one place is enough.
                     inner.release_lease(v.key());
-                    return Ok(inner.create_group(v, rollout, epoch));
+                    return Ok(inner.create_group(v, rollout, None, epoch));
                 }
                 Entry::Occupied(_) => {
                     // Another stream created it meanwhile: give the place

@@ -316,3 +316,42 @@ async fn a_lease_is_its_holders_alone() {
     let s = b.stats();
     assert_eq!((s.leases_used, s.leases_outstanding), (1, 0));
 }
+
+#[tokio::test]
+async fn a_redeemed_lease_keeps_its_group_its_holders() {
+    let b = Buffer::open(sync_cfg(1)).unwrap();
+    assert!(matches!(
+        b.lease("g", Some("actor/a0"), NO_WAIT).await.unwrap(),
+        LeaseAnswer::Granted(_)
+    ));
+    let member = |id: &str, actor: &str| {
+        let mut r = rollout("g", id, &[0; 4]);
+        r.actor_id = actor.into();
+        r
+    };
+    // The holder's first rollout redeems the lease...
+    let first = b.push(member("g-0", "actor/a0"), 100).await.unwrap();
+    assert_eq!(first, PushOutcome::Accepted);
+    assert_eq!(b.stats().leases_outstanding, 0);
+    // ...and the group stays its alone: another's member is refused.
+    let PushOutcome::Rejected(r) = b.push(member("g-x", "actor/a1"), 100).await.unwrap() else {
+        panic!("another identity filled a leased group")
+    };
+    assert_eq!(r.label, "leased_by_other", "{r:?}");
+    assert!(r.reason.contains("\"actor/a0\""), "{}", r.reason);
+    // The holder completes it, and it is ready with the holder's members.
+    let last = b.push(member("g-1", "actor/a0"), 100).await.unwrap();
+    assert_eq!(last, PushOutcome::Accepted);
+    assert_eq!(b.stats().groups_ready, 1);
+}
+
+#[tokio::test]
+async fn an_unleased_group_is_joined_by_anyone() {
+    let b = Buffer::open(sync_cfg(1)).unwrap();
+    for (id, actor) in [("g-0", "actor/a0"), ("g-1", "actor/a1")] {
+        let mut r = rollout("g", id, &[0; 4]);
+        r.actor_id = actor.into();
+        assert_eq!(b.push(r, 100).await.unwrap(), PushOutcome::Accepted);
+    }
+    assert_eq!(b.stats().groups_ready, 1);
+}

@@ -203,22 +203,21 @@ impl Inner {
             Entry::Occupied(_) => return NewGroup::Exists,
             Entry::Vacant(v) => v,
         };
-        if !self.redeem_lease(v.key()) {
+        let Some(holder) = self.redeem_lease(v.key()) else {
             return NewGroup::Unleased;
-        }
+        };
         match r.take() {
-            Some(rollout) => NewGroup::Created(self.create_group(v, rollout, epoch)),
+            Some(rollout) => NewGroup::Created(self.create_group(v, rollout, holder, epoch)),
             None => NewGroup::Unleased,
         }
     }
 
-    /// Turns the lease on `group_id`, if any, into a held group. Called
-    /// under the group's shard lock.
-    fn redeem_lease(&self, group_id: &str) -> bool {
+    /// Turns the lease on `group_id`, if any, into a held group, and
+    /// returns its holder (None inside when it was taken unauthenticated).
+    /// Called under the group's shard lock.
+    fn redeem_lease(&self, group_id: &str) -> Option<Option<String>> {
         let mut leases = self.leases.lock();
-        if leases.take(group_id).is_none() {
-            return false;
-        }
+        let holder = leases.take(group_id)?.holder;
         {
             let mut l = self.ledger.lock();
             l.leased -= 1;
@@ -230,7 +229,7 @@ impl Inner {
         self.counters.leases_used.fetch_add(1, Relaxed);
         self.metrics.leases_used.increment(1);
         self.metrics.admitted.increment(1);
-        true
+        Some(holder)
     }
 
     /// Gives back the lease on `group_id`, if any, when its group arrived

@@ -36,6 +36,10 @@ impl Inner {
                 if p.contains(&rollout.id) {
                     return Some(self.duplicate());
                 }
+                if let Some(rej) = foreign_member(p, rollout) {
+                    drop(slot);
+                    return Some(self.reject(rej));
+                }
                 let k = self.cfg.group_size as usize;
                 if p.members.len() >= k {
                     let reason = format!("group already has group_size = {k} members");
@@ -63,11 +67,13 @@ impl Inner {
 
     /// Starts a new pending group with its first rollout. Its place in the
     /// ledger is already reserved (by admission or a lease), and given back
-    /// if the history check fails.
+    /// if the history check fails. `holder`: the identity whose lease it
+    /// redeemed, the only one that may add members.
     pub(super) fn create_group(
         &self,
         v: VacantEntry<'_, String, GroupEntry>,
         rollout: Rollout,
+        holder: Option<String>,
         epoch: u64,
     ) -> PushOutcome {
         if let Err(rej) = self.recheck_history(&rollout, epoch) {
@@ -76,7 +82,8 @@ impl Inner {
             return self.reject(rej);
         }
         self.log_rollout(&rollout);
-        let group = PendingGroup::new(rollout, Instant::now());
+        let mut group = PendingGroup::new(rollout, Instant::now());
+        group.holder = holder;
         self.bytes.fetch_add(group.bytes, Relaxed);
         let slot = v.insert(GroupEntry::Pending(group));
         self.pending.fetch_add(1, Relaxed);
@@ -97,4 +104,20 @@ impl Inner {
         let learner = self.learner.read();
         validate::check_history(r, &learner.lineage, self.version.load(Relaxed))
     }
+}
+
+/// The refusal of a member pushed into a leased group by another identity
+/// than the lease's: the lease reserved the group's room for its holder
+/// until the group is complete, not only until its first rollout.
+fn foreign_member(group: &PendingGroup, r: &Rollout) -> Option<Rejection> {
+    let holder = group.holder.as_deref()?;
+    (holder != r.actor_id).then(|| leased_by_other(r, holder))
+}
+
+/// A rollout refused because `holder`, another identity, leased its group.
+pub(super) fn leased_by_other(r: &Rollout, holder: &str) -> Rejection {
+    let reason = format!(
+        "group is leased by {holder:?}; a leased group is pushed by the identity that took the lease"
+    );
+    Rejection::new(r, RejectCode::FailedPrecondition, "leased_by_other", reason)
 }
