@@ -640,18 +640,7 @@ impl Slot {
     /// Counts and logs a group the engine could not make; while the
     /// server is down, waits a moment for the loader to notice.
     fn engine_failed(&self, e: vllm::GenerateError) {
-        match &e {
-            vllm::GenerateError::Down(_) => {
-                counter!(names::ENGINE_DOWN_GROUPS).increment(1);
-                std::thread::sleep(Duration::from_secs(1));
-            }
-            vllm::GenerateError::Refused(_) => {
-                counter!(names::PROBLEMS_SKIPPED, "reason" => "engine_refused").increment(1);
-            }
-            vllm::GenerateError::Unsettled(_) => {
-                counter!(names::PROBLEMS_SKIPPED, "reason" => "engine_unsettled").increment(1);
-            }
-        }
+        e.settle();
         tracing::warn!("vLLM: {e}; group dropped");
     }
 }

@@ -5,13 +5,11 @@
 use std::sync::{Arc, atomic::AtomicBool};
 
 use bapo_policy::SamplingParams;
-use metrics::counter;
 use tokio::{runtime::Handle, sync::watch};
 
 use super::episode::{Model, TurnMade};
 use crate::{
     config::UpdateMode,
-    metrics as names,
     rollout::{Outcome, follow_cell, generate},
     subscription::PolicyCell,
     vllm,
@@ -88,9 +86,11 @@ impl Model for SlotModel {
                 incarnation,
             })) => TurnMade::Turn(responses.remove(0), incarnation),
             Some(Err(e)) => {
-                counter!(names::PROBLEMS_SKIPPED, "reason" => "engine_turn").increment(1);
+                // As a single-turn group: counted by cause, and while the
+                // server is down the slot waits before its next episode.
+                let reason = e.settle();
                 tracing::warn!("vLLM: {e}; episode dropped");
-                TurnMade::Skip("engine")
+                TurnMade::Skip(reason)
             }
         }
     }

@@ -75,6 +75,32 @@ pub enum GenerateError {
     Unsettled(group::ChoiceError),
 }
 
+/// How long a slot waits after the server was found down before it takes
+/// its next problem (or episode): long enough that it does not run through
+/// its problems, and open an environment session for each episode, faster
+/// than the loader notices the server is back.
+pub const DOWN_WAIT: Duration = Duration::from_secs(1);
+
+impl GenerateError {
+    /// Counts a generation the engine could not make by its cause, waits
+    /// [`DOWN_WAIT`] while the server is down, and returns the cause's
+    /// label. Single-turn groups and episode turns both come here, so an
+    /// engine outage reads the same in both.
+    pub fn settle(&self) -> &'static str {
+        let label = match self {
+            Self::Down(_) => {
+                counter!(names::ENGINE_DOWN_GROUPS).increment(1);
+                std::thread::sleep(DOWN_WAIT);
+                return "engine_down";
+            }
+            Self::Refused(_) => "engine_refused",
+            Self::Unsettled(_) => "engine_unsettled",
+        };
+        counter!(names::PROBLEMS_SKIPPED, "reason" => label).increment(1);
+        label
+    }
+}
+
 /// The engine, the cell of the weights it serves (what the slots follow
 /// instead of the subscription), and its background work, which ends with
 /// an error only when the engine can never serve (the actor then exits).
@@ -240,5 +266,32 @@ impl Engine {
         Err(GenerateError::Unsettled(last.unwrap_or(
             group::ChoiceError::Malformed("no attempt".into()),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    fn api_error() -> api::ApiError {
+        api::ApiError::Unreachable {
+            route: "/v1/completions".into(),
+            why: "connection refused".into(),
+        }
+    }
+
+    #[test]
+    fn a_failure_is_labelled_by_cause_and_an_outage_waits() {
+        assert_eq!(
+            GenerateError::Refused(api_error()).settle(),
+            "engine_refused"
+        );
+        let unsettled = GenerateError::Unsettled(group::ChoiceError::Malformed("x".into()));
+        assert_eq!(unsettled.settle(), "engine_unsettled");
+        let t0 = Instant::now();
+        assert_eq!(GenerateError::Down(api_error()).settle(), "engine_down");
+        assert!(t0.elapsed() >= DOWN_WAIT, "an outage waits for the loader");
     }
 }
