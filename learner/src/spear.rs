@@ -317,6 +317,17 @@ mod tests {
             .collect()
     }
 
+    /// np.percentile(v, 50): the middle value, the mean of the middle two
+    /// when even, whatever the order; nothing of nothing.
+    #[test]
+    fn median_is_numpys() {
+        let m = |v: &[f64]| median(v.iter().copied());
+        assert_eq!(m(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(m(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(m(&[7.0]), Some(7.0));
+        assert_eq!(m(&[]), None);
+    }
+
     /// Spec vector S1 (= survey V5): history means [0.2, 0.5, 0.8, 0.4,
     /// 0.6] → b = 0.5, stds → s = 0.25; rewards [1, 0.7, 0.3, 0.55] give
     /// A = [0.5, 0.2, −0.2, 0.05] (kept: all but the third), with the std

@@ -90,11 +90,6 @@ async fn measure(
     Ok((total, encode, bytes))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 pub async fn run(a: BroadcastBenchArgs) -> anyhow::Result<()> {
     let counts: Vec<usize> = a
         .subscribers
@@ -127,8 +122,8 @@ pub async fn run(a: BroadcastBenchArgs) -> anyhow::Result<()> {
                     encoding.name(),
                     n,
                     bytes as f64 / 1e6,
-                    median(encode),
-                    median(total)
+                    super::median(encode),
+                    super::median(total)
                 );
             }
         }

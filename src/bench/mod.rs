@@ -62,6 +62,12 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
+/// The median of timed repetitions (the mean of the middle two when
+/// even), the number a benchmark shows.
+pub(crate) fn median(v: Vec<f64>) -> f64 {
+    bapo_learner::spear::median(v.into_iter()).unwrap_or(f64::NAN)
+}
+
 /// A model of a `--configs` list: a preset name, or the path of a HF
 /// `config.json` (a real model's shape, e.g. SmolLM2's).
 pub(crate) fn model_config(name: &str) -> anyhow::Result<bapo_policy::ModelConfig> {

@@ -26,11 +26,6 @@ pub struct WeightsBenchArgs {
     pub reps: usize,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 pub(crate) fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -86,8 +81,8 @@ fn measure(
     decode_s.remove(0);
     Ok(Measured {
         payload_bytes: payload.len(),
-        encode_s: median(encode_s),
-        decode_s: median(decode_s),
+        encode_s: super::median(encode_s),
+        decode_s: super::median(decode_s),
     })
 }
 
