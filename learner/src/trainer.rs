@@ -616,7 +616,7 @@ impl Trainer {
         let mut skel = TokenBatch::default();
         let mut behav = Vec::new();
         let (mut stale, mut lens, mut all_rewards) = (Vec::new(), Vec::new(), Vec::new());
-        let mut turns = Vec::new();
+        let (mut turns, mut model_lens) = (Vec::new(), Vec::new());
         for (g, a) in groups.iter().zip(&adv.groups) {
             all_rewards.extend(g.sequences.iter().map(|s| s.reward as f64));
             stale.extend(g.staleness(self.version));
@@ -660,6 +660,8 @@ impl Trainer {
                     offset: skel.advantages.len(),
                 });
                 lens.push(s.response.len() as f64);
+                let own = (0..s.response.len()).filter(|&j| s.is_policy_token(j));
+                model_lens.push(own.count() as f64);
                 turns.push(s.turns.last().map_or(1.0, |&t| f64::from(t) + 1.0));
                 for (j, &lp) in s.behavior_logprobs.iter().enumerate() {
                     skel.advantages.push(adv);
@@ -677,6 +679,9 @@ impl Trainer {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
         m.insert(Metric::RewardMean.into(), mean(&all_rewards));
         m.insert("response_len_mean".into(), mean(&lens));
+        // The model's own tokens: an episode's response also holds the
+        // environment's observations, which the length above counts.
+        m.insert("model_tokens_mean".into(), mean(&model_lens));
         // Model turns per trained sequence (1 for single answers).
         m.insert("turns_mean".into(), mean(&turns));
         let stale: Vec<f64> = stale.into_iter().map(|s| s as f64).collect();

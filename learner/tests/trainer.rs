@@ -272,6 +272,20 @@ fn episode_group(
     }
 }
 
+/// An episode's length counts the environment's observations; the
+/// model's own tokens are reported beside it (5 of each 8 here), and the
+/// two agree on single answers.
+#[test]
+fn an_episodes_own_tokens_are_reported_beside_its_length() {
+    let stale = tiny_policy(18);
+    let mut t = Trainer::new(config("bapo"), tiny_policy(19), 0).unwrap();
+    let r = t.step(&[episode_group(&stale, 0.0, true)]).unwrap();
+    assert_eq!(r.metrics["response_len_mean"], 8.0);
+    assert_eq!(r.metrics["model_tokens_mean"], 5.0);
+    let r = t.step(&[episode_group(&stale, 0.0, false)]).unwrap();
+    assert_eq!(r.metrics["model_tokens_mean"], 8.0);
+}
+
 /// Observation tokens carry no gradient: whatever their behaviour
 /// log-probs say, the loss, the entropy bonus and the KL penalty see only
 /// the model's tokens. Trained as the model's, the same tokens move the
