@@ -133,10 +133,15 @@ pub enum ConfigError {
     #[error("{0}")]
     Env(#[from] EnvConfigError),
     #[error(
-        "actor.concurrency = {concurrency} slots would open more OpenEnv sessions than \
-         actor.env.openenv.max_sessions = {sessions}"
+        "actor.concurrency = {concurrency} slots with {per_slot} episode(s) open each \
+         (group_size with actor.env.parallel_members) would open more OpenEnv sessions \
+         than actor.env.openenv.max_sessions = {sessions}"
     )]
-    OpenEnvSessions { concurrency: usize, sessions: usize },
+    OpenEnvSessions {
+        concurrency: usize,
+        per_slot: usize,
+        sessions: usize,
+    },
 }
 
 impl ActorConfig {
@@ -167,9 +172,16 @@ impl ActorConfig {
         }
         self.env.validate()?;
         let sessions = self.env.openenv.max_sessions;
-        if self.env.kind == crate::env::EnvKind::Openenv && self.concurrency > sessions {
+        let per_slot = if self.env.parallel_members {
+            self.group_size
+        } else {
+            1
+        };
+        let open = self.concurrency.saturating_mul(per_slot);
+        if self.env.kind == crate::env::EnvKind::Openenv && open > sessions {
             return Err(ConfigError::OpenEnvSessions {
                 concurrency: self.concurrency,
+                per_slot,
                 sessions,
             });
         }
@@ -215,5 +227,34 @@ mod tests {
         );
         let msg = with(|c| c.sampling.top_p = 0.9).unwrap_err().to_string();
         assert!(msg.contains("actor.sampling.top_p"), "{msg}");
+    }
+
+    /// Each slot holds one OpenEnv session, or a group's worth with
+    /// parallel members: fewer sessions than that is refused by name.
+    #[test]
+    fn openenv_sessions_cover_every_episode_open_at_once() {
+        let openenv = |concurrency, parallel, sessions| {
+            with(|c| {
+                c.concurrency = concurrency;
+                c.group_size = 4;
+                c.env.kind = crate::env::EnvKind::Openenv;
+                c.env.endpoint = "http://127.0.0.1:8000".into();
+                c.env.parallel_members = parallel;
+                c.env.openenv.max_sessions = sessions;
+            })
+        };
+        assert_eq!(openenv(2, false, 2), Ok(()));
+        assert_eq!(openenv(2, true, 8), Ok(()));
+        let err = openenv(2, true, 4).unwrap_err();
+        assert_eq!(
+            err,
+            ConfigError::OpenEnvSessions {
+                concurrency: 2,
+                per_slot: 4,
+                sessions: 4
+            }
+        );
+        assert!(err.to_string().contains("parallel_members"), "{err}");
+        assert!(openenv(3, false, 2).is_err());
     }
 }

@@ -421,28 +421,37 @@ impl Slot {
             retry: setup.retry,
             handle: &self.handle,
         };
+        let members = (0..self.cfg.group_size as u64)
+            .map(|member| {
+                let model = SlotModel {
+                    engine: self.generator.clone(),
+                    cell: self.cell.clone(),
+                    mode: self.cfg.mode,
+                    params: params.clone(),
+                    member,
+                    abort: self.abort.clone(),
+                    abort_rx: self.abort_rx.clone(),
+                    handle: self.handle.clone(),
+                };
+                let input = ResetInput {
+                    task: self.task.name(),
+                    problem,
+                    seed: fnv1a(&format!("{}-{member}", params.seed)),
+                };
+                (input, model)
+            })
+            .collect();
         let mut episodes = Vec::with_capacity(self.cfg.group_size);
-        for member in 0..self.cfg.group_size as u64 {
-            let mut model = SlotModel {
-                engine: self.generator.clone(),
-                cell: self.cell.clone(),
-                mode: self.cfg.mode,
-                params: params.clone(),
-                member,
-                abort: self.abort.clone(),
-                abort_rx: self.abort_rx.clone(),
-                handle: self.handle.clone(),
-            };
-            let input = ResetInput {
-                task: self.task.name(),
-                problem,
-                seed: fnv1a(&format!("{}-{member}", params.seed)),
-            };
-            match runner.run(input, &mut model) {
+        for end in runner.run_group(members, setup.members) {
+            match end {
                 EpisodeEnd::Done(ep) => episodes.push(*ep),
-                EpisodeEnd::Dropped(_) => return GroupMade::Skip,
                 EpisodeEnd::Stopped => return GroupMade::Stop,
+                EpisodeEnd::Dropped(_) => {}
             }
+        }
+        if episodes.len() < self.cfg.group_size {
+            // A member was dropped (counted where it failed).
+            return GroupMade::Skip;
         }
         // One lineage per group, as for single-turn groups.
         let incarnation = episodes[0].incarnation;

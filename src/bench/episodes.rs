@@ -1,16 +1,16 @@
 //! `bapo bench episodes`: what multi-turn rollouts cost an actor. Groups
-//! of K episodes against the built-in calculator (each member's turns
-//! generated one after another, as a slot does) beside the reference, the
-//! same prompts as single-turn groups of K responses generated together,
-//! on the same model, sampling and turn cap: tokens/s of each and their
-//! ratio. With a warm start that calls the calculator (`--init`), the
+//! of K episodes against the built-in calculator, their members played in
+//! turn (a slot's default) and at once (`parallel_members`), beside the
+//! reference, the same prompts as single-turn groups of K responses
+//! generated together, on the same model, sampling and turn cap: tokens/s
+//! of each and their ratio. With a warm start that calls the calculator (`--init`), the
 //! episodes have several turns; a fresh model mostly answers at once.
 
 use std::{path::PathBuf, sync::Arc, time::Instant};
 
 use bapo_actor::env::{
     EnvConfig, EnvKind, ResetInput,
-    episode::{EpisodeEnd, Runner},
+    episode::{EpisodeEnd, Members, Runner},
     evaluate::PolicyModel,
     setup,
 };
@@ -81,8 +81,7 @@ pub fn run(args: EpisodesBenchArgs) -> anyhow::Result<()> {
     }
     let single_s = t0.elapsed().as_secs_f64();
 
-    // Episodes: each member's turns one after another, the calculator
-    // answering in between.
+    // Episodes: the calculator answering between a member's turns.
     let cfg = EnvConfig {
         kind: EnvKind::Builtin,
         max_episode_tokens: 96,
@@ -107,28 +106,37 @@ pub fn run(args: EpisodesBenchArgs) -> anyhow::Result<()> {
         retry: env.retry,
         handle: rt.handle(),
     };
-    let t0 = Instant::now();
-    let (mut episode_tokens, mut turns, mut episodes) = (0, 0, 0);
-    for (i, p) in problems.iter().enumerate() {
-        for m in 0..args.group_size {
-            let seed = (i * args.group_size + m) as u64;
-            let mut model = PolicyModel {
-                policy: &policy,
-                params: params(seed),
-            };
-            let input = ResetInput {
-                task: task.name(),
-                problem: p,
-                seed,
-            };
-            if let EpisodeEnd::Done(ep) = runner.run(input, &mut model) {
-                episode_tokens += ep.tokens.len() - ep.observation_tokens;
-                turns += ep.turns as usize;
-                episodes += 1;
+    let play = |how: Members| {
+        let t0 = Instant::now();
+        let (mut tokens, mut turns, mut episodes) = (0, 0, 0);
+        for (i, p) in problems.iter().enumerate() {
+            let members = (0..args.group_size)
+                .map(|m| {
+                    let seed = (i * args.group_size + m) as u64;
+                    let model = PolicyModel {
+                        policy: &policy,
+                        params: params(seed),
+                    };
+                    let input = ResetInput {
+                        task: task.name(),
+                        problem: p,
+                        seed,
+                    };
+                    (input, model)
+                })
+                .collect();
+            for end in runner.run_group(members, how) {
+                if let EpisodeEnd::Done(ep) = end {
+                    tokens += ep.tokens.len() - ep.observation_tokens;
+                    turns += ep.turns as usize;
+                    episodes += 1;
+                }
             }
         }
-    }
-    let episode_s = t0.elapsed().as_secs_f64();
+        (tokens, turns, episodes, t0.elapsed().as_secs_f64())
+    };
+    let in_turn = play(Members::InTurn);
+    let at_once = play(Members::AtOnce);
     let rate = |tokens: usize, s: f64| tokens as f64 / s.max(1e-9);
     println!(
         "{} ({} groups of {}, {} tokens a turn, {})",
@@ -144,12 +152,18 @@ pub fn run(args: EpisodesBenchArgs) -> anyhow::Result<()> {
         "single-turn groups (reference): {single_tokens} tokens in {single_s:.2} s = {:.0} tokens/s",
         rate(single_tokens, single_s)
     );
-    println!(
-        "episodes: {episode_tokens} model tokens in {episodes} episodes ({:.2} turns each) in \
-         {episode_s:.2} s = {:.0} tokens/s ({:.2}x the reference's rate)",
-        turns as f64 / episodes.max(1) as f64,
-        rate(episode_tokens, episode_s),
-        rate(episode_tokens, episode_s) / rate(single_tokens, single_s)
-    );
+    let reference = rate(single_tokens, single_s);
+    for (name, (tokens, turns, episodes, secs)) in [
+        ("in turn", in_turn),
+        ("at once (parallel_members)", at_once),
+    ] {
+        println!(
+            "episodes, members {name}: {tokens} model tokens in {episodes} episodes ({:.2} turns \
+             each) in {secs:.2} s = {:.0} tokens/s ({:.2}x the reference's rate)",
+            turns as f64 / episodes.max(1) as f64,
+            rate(tokens, secs),
+            rate(tokens, secs) / reference
+        );
+    }
     Ok(())
 }

@@ -37,7 +37,8 @@ pub struct OpenEnvConfig {
     pub observation_field: String,
     /// Episodes open at once per actor, at most: the server's
     /// `max_concurrent_envs` divided among the actors. Must cover
-    /// `actor.concurrency` (each slot plays one episode at a time).
+    /// `actor.concurrency` (each slot plays one episode at a time), or
+    /// `actor.concurrency x group_size` with `parallel_members`.
     pub max_sessions: usize,
     /// Rewards outside `[min_reward, max_reward]` are refused and the
     /// episode dropped (OpenEnv declares no range).
@@ -103,6 +104,10 @@ pub struct EnvConfig {
     /// Allow plaintext (`grpc://`, or `http://` for OpenEnv) to a host
     /// beyond loopback.
     pub insecure: bool,
+    /// Play a group's K episodes at once, each on a thread of its own,
+    /// instead of one after another: vLLM batches their concurrent turns.
+    /// Each slot then holds K environment sessions at a time.
+    pub parallel_members: bool,
     pub openenv: OpenEnvConfig,
 }
 
@@ -122,6 +127,7 @@ impl Default for EnvConfig {
             ca: None,
             server_name: None,
             insecure: false,
+            parallel_members: false,
             openenv: OpenEnvConfig::default(),
         }
     }

@@ -102,7 +102,52 @@ pub struct Runner<'a> {
     pub handle: &'a Handle,
 }
 
+/// How a group's episodes are played.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Members {
+    /// One after another, the group given up at the first that does not
+    /// finish.
+    InTurn,
+    /// All at once, each on a thread of its own: an engine that batches
+    /// concurrent requests (vLLM) makes their turns together.
+    AtOnce,
+}
+
 impl Runner<'_> {
+    /// A group's episodes, one per `(input, model)`, in member order. In
+    /// turn, the list ends at the first episode that did not finish (the
+    /// group is dropped with it); at once, every member runs to its end.
+    pub fn run_group<M: Model + Send>(
+        &self,
+        members: Vec<(ResetInput<'_>, M)>,
+        how: Members,
+    ) -> Vec<EpisodeEnd> {
+        match how {
+            Members::InTurn => {
+                let mut ends = Vec::with_capacity(members.len());
+                for (input, mut model) in members {
+                    let end = self.run(input, &mut model);
+                    let done = matches!(end, EpisodeEnd::Done(_));
+                    ends.push(end);
+                    if !done {
+                        break;
+                    }
+                }
+                ends
+            }
+            Members::AtOnce => std::thread::scope(|scope| {
+                let threads: Vec<_> = members
+                    .into_iter()
+                    .map(|(input, mut model)| scope.spawn(move || self.run(input, &mut model)))
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            }),
+        }
+    }
+
     /// One episode from `input`, its environment state closed at the end
     /// whatever happened.
     pub fn run(&self, input: ResetInput<'_>, model: &mut dyn Model) -> EpisodeEnd {
@@ -378,7 +423,7 @@ mod tests {
     use std::sync::Arc;
 
     use bapo_policy::tokenizer::TextTokenizer;
-    use bapo_tasks::{ArithTool, Task};
+    use bapo_tasks::{ArithTool, Problem, Task};
 
     use super::*;
     use crate::env::{builtin::Calculator, config::TruncateSide};
@@ -388,11 +433,41 @@ mod tests {
         tok: TextTokenizer,
         turns: Vec<&'static str>,
         contexts: Vec<Vec<u32>>,
+        /// Where every member's first turn waits for the others.
+        meet: Option<Arc<Meeting>>,
+    }
+
+    /// A barrier that gives up: `arrive` says whether all `n` members
+    /// were in their first turn at once (within a generous wait).
+    struct Meeting {
+        n: usize,
+        arrived: std::sync::Mutex<usize>,
+        all: std::sync::Condvar,
+    }
+
+    impl Meeting {
+        fn arrive(&self) -> bool {
+            let mut arrived = self.arrived.lock().unwrap();
+            *arrived += 1;
+            self.all.notify_all();
+            let wait = Duration::from_secs(30);
+            let (arrived, _) = self
+                .all
+                .wait_timeout_while(arrived, wait, |a| *a < self.n)
+                .unwrap();
+            *arrived >= self.n
+        }
     }
 
     impl Model for Script {
         fn turn(&mut self, context: &[u32], max_new: usize, turn: u32) -> TurnMade {
+            if turn == 0 && self.meet.as_ref().is_some_and(|m| !m.arrive()) {
+                return TurnMade::Skip("alone");
+            }
             self.contexts.push(context.to_vec());
+            if self.turns[turn as usize] == "SKIP" {
+                return TurnMade::Skip("scripted");
+            }
             let mut tokens = self.tok.encode(self.turns[turn as usize]).unwrap();
             let finish = if tokens.len() > max_new {
                 tokens.truncate(max_new);
@@ -413,7 +488,12 @@ mod tests {
         }
     }
 
-    fn run(turns: Vec<&'static str>, limits: Limits) -> (EpisodeEnd, Script, TextTokenizer) {
+    /// Calls `f` with a runner on the built-in calculator, the problem it
+    /// is reset with, and the tokenizer.
+    fn with_runner<R>(
+        limits: Limits,
+        f: impl FnOnce(&Runner<'_>, &Problem, &TextTokenizer) -> R,
+    ) -> R {
         let task: Arc<dyn Task> = Arc::new(ArithTool::new(0, 2).unwrap());
         let problem = task.train_problem(0);
         let env = Calculator::new(task.clone());
@@ -435,6 +515,12 @@ mod tests {
             },
             handle: rt.handle(),
         };
+        f(&runner, &problem, &tok)
+    }
+
+    /// A script's turns, with `CALL` and `ANSWER` standing for the
+    /// problem's tool call and right answer.
+    fn script(turns: Vec<&'static str>, problem: &Problem, tok: &TextTokenizer) -> Script {
         let turns = turns
             .into_iter()
             .map(|t| match t {
@@ -446,18 +532,28 @@ mod tests {
                 t => t,
             })
             .collect();
-        let mut script = Script {
+        Script {
             tok: tok.clone(),
             turns,
             contexts: Vec::new(),
-        };
-        let input = ResetInput {
+            meet: None,
+        }
+    }
+
+    fn input(problem: &Problem) -> ResetInput<'_> {
+        ResetInput {
             task: "arith-tool",
-            problem: &problem,
+            problem,
             seed: 0,
-        };
-        let end = runner.run(input, &mut script);
-        (end, script, tok)
+        }
+    }
+
+    fn run(turns: Vec<&'static str>, limits: Limits) -> (EpisodeEnd, Script, TextTokenizer) {
+        with_runner(limits, |runner, problem, tok| {
+            let mut script = script(turns, problem, tok);
+            let end = runner.run(input(problem), &mut script);
+            (end, script, tok.clone())
+        })
     }
 
     fn limits() -> Limits {
@@ -582,6 +678,7 @@ mod tests {
                 tok: tok.clone(),
                 turns: vec!["1<eos>"],
                 contexts: Vec::new(),
+                meet: None,
             };
             let input = ResetInput {
                 task: "arith-tool",
@@ -593,6 +690,61 @@ mod tests {
             let sent = env.steps.load(std::sync::atomic::Ordering::Relaxed);
             assert_eq!(sent, calls, "retryable {retryable}");
         }
+    }
+
+    /// At once, a group's members are all in their first turn together
+    /// (each waits for the others there) and come back in member order;
+    /// in turn, one runs at a time and the group ends at the first that
+    /// does not finish.
+    #[test]
+    fn a_groups_members_run_at_once_or_in_turn() {
+        with_runner(limits(), |runner, problem, tok| {
+            let meet = Arc::new(Meeting {
+                n: 4,
+                arrived: Default::default(),
+                all: Default::default(),
+            });
+            let turns = |m: usize| {
+                if m == 2 {
+                    vec!["7<eos>"]
+                } else {
+                    vec!["CALL", "ANSWER"]
+                }
+            };
+            let members = (0..4)
+                .map(|m| {
+                    let mut s = script(turns(m), problem, tok);
+                    s.meet = Some(meet.clone());
+                    (input(problem), s)
+                })
+                .collect();
+            let ends = runner.run_group(members, Members::AtOnce);
+            let shape: Vec<Option<u32>> = ends
+                .iter()
+                .map(|e| match e {
+                    EpisodeEnd::Done(ep) => Some(ep.turns),
+                    other => panic!("a member did not finish: {other:?}"),
+                })
+                .collect();
+            assert_eq!(shape, [Some(2), Some(2), Some(1), Some(2)], "member order");
+
+            let members = [vec!["ANSWER"], vec!["SKIP"], vec!["ANSWER"]]
+                .into_iter()
+                .map(|t| (input(problem), script(t, problem, tok)))
+                .collect();
+            let ends = runner.run_group(members, Members::InTurn);
+            assert_eq!(
+                ends.len(),
+                2,
+                "in turn, the group ends at the dropped member"
+            );
+            assert!(matches!(ends[0], EpisodeEnd::Done(_)), "{:?}", ends[0]);
+            assert!(
+                matches!(ends[1], EpisodeEnd::Dropped("scripted")),
+                "{:?}",
+                ends[1]
+            );
+        })
     }
 
     #[test]

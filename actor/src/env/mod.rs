@@ -194,6 +194,9 @@ pub struct EnvSetup {
     pub renderer: render::Renderer,
     pub limits: episode::Limits,
     pub retry: Retry,
+    /// `[actor.env] parallel_members`: a group's episodes at once or in
+    /// turn.
+    pub members: episode::Members,
 }
 
 /// The environment `cfg` names, asked to describe itself (retried as a
@@ -283,6 +286,11 @@ async fn finish(
             deadline: Duration::from_secs_f64(cfg.episode_timeout_s),
         },
         retry,
+        members: if cfg.parallel_members {
+            episode::Members::AtOnce
+        } else {
+            episode::Members::InTurn
+        },
     }))
 }
 
