@@ -2,9 +2,11 @@
 //! actors, each its own process) on `arith-tool`, every episode played
 //! against the Python reference environment server
 //! (`examples/env-server`, `--env calculator`, started by the project's
-//! own script). The model calls the calculator, reads its result and
-//! answers; the run trains, its books reconcile, and the actors' metrics
-//! show episodes of more than one turn and tool calls.
+//! own script), a group's four members at once (`parallel_members`;
+//! tests/env_faults.rs plays them in turn against the same server). The
+//! model calls the calculator, reads its result and answers; the run
+//! trains, its books reconcile, and the actors' metrics show episodes of
+//! more than one turn and tool calls.
 
 mod common;
 
@@ -59,6 +61,7 @@ max_turns = 3
 max_episode_tokens = 96
 max_observation_tokens = 32
 step_timeout_ms = 5000
+parallel_members = true
 "#
     )
 }
