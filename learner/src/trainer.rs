@@ -660,15 +660,17 @@ impl Trainer {
                     offset: skel.advantages.len(),
                 });
                 lens.push(s.response.len() as f64);
-                let own = (0..s.response.len()).filter(|&j| s.is_policy_token(j));
-                model_lens.push(own.count() as f64);
                 turns.push(s.turns.last().map_or(1.0, |&t| f64::from(t) + 1.0));
+                let mut own = 0usize;
                 for (j, &lp) in s.behavior_logprobs.iter().enumerate() {
+                    let policy = s.is_policy_token(j);
+                    own += usize::from(policy);
                     skel.advantages.push(adv);
-                    skel.mask.push(s.is_policy_token(j));
+                    skel.mask.push(policy);
                     skel.seq_ids.push(seq);
                     behav.push((lp as f64).min(0.0));
                 }
+                model_lens.push(own as f64);
             }
         }
         if rows.is_empty() {
