@@ -10,6 +10,7 @@
 
 use std::{
     collections::BTreeMap,
+    sync::atomic::{AtomicU8, Ordering},
     time::{Duration, Instant},
 };
 
@@ -113,10 +114,43 @@ pub enum Members {
     AtOnce,
 }
 
+/// What a group's members at once tell each other: once one of them has
+/// not finished, the group cannot be pushed, so the others stop at their
+/// next turn instead of playing (and holding sessions) for nothing.
+#[derive(Default)]
+struct GroupEnd(AtomicU8);
+
+impl GroupEnd {
+    const PLAYING: u8 = 0;
+    const DROPPED: u8 = 1;
+    const STOPPED: u8 = 2;
+
+    fn record(&self, end: &EpisodeEnd) {
+        let what = match end {
+            EpisodeEnd::Done(_) => return,
+            EpisodeEnd::Dropped(_) => Self::DROPPED,
+            EpisodeEnd::Stopped => Self::STOPPED,
+        };
+        let _ = self
+            .0
+            .compare_exchange(Self::PLAYING, what, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// How a member still playing ends, if the group has ended.
+    fn cut_short(&self) -> Option<EpisodeEnd> {
+        match self.0.load(Ordering::Acquire) {
+            Self::DROPPED => Some(dropped("group_dropped", "another member was dropped")),
+            Self::STOPPED => Some(EpisodeEnd::Stopped),
+            _ => None,
+        }
+    }
+}
+
 impl Runner<'_> {
     /// A group's episodes, one per `(input, model)`, in member order. In
     /// turn, the list ends at the first episode that did not finish (the
-    /// group is dropped with it); at once, every member runs to its end.
+    /// group is dropped with it); at once, the others end at their next
+    /// turn (`group_dropped`, or stopped if the actor is stopping).
     pub fn run_group<M: Model + Send>(
         &self,
         members: Vec<(ResetInput<'_>, M)>,
@@ -135,22 +169,38 @@ impl Runner<'_> {
                 }
                 ends
             }
-            Members::AtOnce => std::thread::scope(|scope| {
-                let threads: Vec<_> = members
-                    .into_iter()
-                    .map(|(input, mut model)| scope.spawn(move || self.run(input, &mut model)))
-                    .collect();
-                threads
-                    .into_iter()
-                    .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .collect()
-            }),
+            Members::AtOnce => self.at_once(members),
         }
+    }
+
+    /// Each member on a thread of its own, told when the group has ended.
+    fn at_once<M: Model + Send>(&self, members: Vec<(ResetInput<'_>, M)>) -> Vec<EpisodeEnd> {
+        let group = &GroupEnd::default();
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = members
+                .into_iter()
+                .map(|(input, mut model)| {
+                    scope.spawn(move || {
+                        let end = self.run_in(input, &mut model, group);
+                        group.record(&end);
+                        end
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        })
     }
 
     /// One episode from `input`, its environment state closed at the end
     /// whatever happened.
     pub fn run(&self, input: ResetInput<'_>, model: &mut dyn Model) -> EpisodeEnd {
+        self.run_in(input, model, &GroupEnd::default())
+    }
+
+    fn run_in(&self, input: ResetInput<'_>, model: &mut dyn Model, group: &GroupEnd) -> EpisodeEnd {
         let t0 = Instant::now();
         let started = self.call("reset", || self.env.reset(input));
         let started = match started {
@@ -159,7 +209,7 @@ impl Runner<'_> {
         };
         let id = started.episode_id.clone();
         let end = match self.renderer.prompt(&started.observation) {
-            Ok(prompt) => self.turns(&id, prompt, model, t0),
+            Ok(prompt) => self.turns(&id, prompt, model, t0, group),
             Err(e) => dropped("bad_observation", &e.to_string()),
         };
         let timeout = self.limits.call_timeout;
@@ -174,7 +224,14 @@ impl Runner<'_> {
         end
     }
 
-    fn turns(&self, id: &str, prompt: Vec<u32>, model: &mut dyn Model, t0: Instant) -> EpisodeEnd {
+    fn turns(
+        &self,
+        id: &str,
+        prompt: Vec<u32>,
+        model: &mut dyn Model,
+        t0: Instant,
+        group: &GroupEnd,
+    ) -> EpisodeEnd {
         let max_turns = match self.info.max_turns {
             0 => self.limits.max_turns,
             n => n.min(self.limits.max_turns),
@@ -192,6 +249,9 @@ impl Runner<'_> {
             }
             if t0.elapsed() > self.limits.deadline {
                 return dropped("episode_timeout", "past actor.env.episode_timeout_s");
+            }
+            if let Some(end) = group.cut_short() {
+                return end;
             }
             let context: Vec<u32> = ep.prompt.iter().chain(&ep.tokens).copied().collect();
             let (response, incarnation) =
@@ -465,8 +525,10 @@ mod tests {
                 return TurnMade::Skip("alone");
             }
             self.contexts.push(context.to_vec());
-            if self.turns[turn as usize] == "SKIP" {
-                return TurnMade::Skip("scripted");
+            match self.turns[turn as usize] {
+                "SKIP" => return TurnMade::Skip("scripted"),
+                "STOP" => return TurnMade::Stop,
+                _ => {}
             }
             let mut tokens = self.tok.encode(self.turns[turn as usize]).unwrap();
             let finish = if tokens.len() > max_new {
@@ -744,6 +806,54 @@ mod tests {
                 "{:?}",
                 ends[1]
             );
+        })
+    }
+
+    /// At once, a member that does not finish ends the others at their
+    /// next turn: dropped (counted as `group_dropped`) or, when the actor
+    /// is stopping, stopped. Without that they would play all their turns.
+    #[test]
+    fn a_member_that_does_not_finish_ends_its_siblings() {
+        let long = Limits {
+            max_turns: 1000,
+            max_tokens: 1_000_000,
+            ..limits()
+        };
+        with_runner(long, |runner, problem, tok| {
+            for (first, siblings) in [("SKIP", "group_dropped"), ("STOP", "stopped")] {
+                let meet = Arc::new(Meeting {
+                    n: 3,
+                    arrived: Default::default(),
+                    all: Default::default(),
+                });
+                let members = (0..3)
+                    .map(|m| {
+                        let turns = if m == 0 {
+                            vec![first]
+                        } else {
+                            vec!["CALL"; 1000]
+                        };
+                        let mut s = script(turns, problem, tok);
+                        s.meet = Some(meet.clone());
+                        (input(problem), s)
+                    })
+                    .collect();
+                let ends = runner.run_group(members, Members::AtOnce);
+                let shape: Vec<&str> = ends
+                    .iter()
+                    .map(|e| match e {
+                        EpisodeEnd::Done(_) => "done",
+                        EpisodeEnd::Dropped(reason) => reason,
+                        EpisodeEnd::Stopped => "stopped",
+                    })
+                    .collect();
+                let first = if first == "SKIP" {
+                    "scripted"
+                } else {
+                    "stopped"
+                };
+                assert_eq!(shape, [first, siblings, siblings]);
+            }
         })
     }
 
