@@ -10,6 +10,8 @@
 #      recovered; in float32, and again in bfloat16 for the mismatch;
 #      then LoRA (float32): adapters loaded at run time as versions, a
 #      request in flight kept on its adapter, log-probs against bapo's;
+#      and a group's episodes on the built-in calculator, members in turn
+#      and at once (actor/tests/vllm_episodes.rs), tokens/s of each;
 #   2. the loop: `bapo run --config configs/smollm2-vllm.toml` (buffer,
 #      learner and one vLLM actor as processes over gRPC) on GSM8K, with
 #      the vLLM server killed (SIGKILL) after the second learner step;
@@ -47,6 +49,9 @@ if [[ "${BAPO_E2E_SKIP_ENGINE:-0}" != 1 ]]; then
   say "engine test, LoRA adapters"
   cargo test -q --workspace --features wgpu --test vllm_engine -- \
     --ignored --nocapture serves_lora 2>&1 | tee "$OUT/engine-lora.log" | grep -E 'LoRA|test result' >&2
+  say "episodes on the engine, members in turn and at once"
+  cargo test -q --workspace --features wgpu --test vllm_episodes -- \
+    --ignored --nocapture 2>&1 | tee "$OUT/episodes.log" | grep -E 'vLLM episodes|engine up|test result' >&2
 fi
 
 say "bapo run with a vLLM actor"
