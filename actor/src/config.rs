@@ -5,7 +5,7 @@ use bapo_tasks::Shaping;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    env::{EnvConfig, EnvConfigError},
+    env::{EnvConfig, EnvConfigError, episode::Members},
     vllm::{VllmConfig, VllmConfigError},
 };
 
@@ -134,7 +134,8 @@ pub enum ConfigError {
     Env(#[from] EnvConfigError),
     #[error(
         "actor.concurrency = {concurrency} slots with {per_slot} episode(s) open each \
-         (group_size with actor.env.parallel_members) would open more OpenEnv sessions \
+         (group_size with actor.env.parallel_members, which engine = \"vllm\" sets by \
+         default) would open more OpenEnv sessions \
          than actor.env.openenv.max_sessions = {sessions}"
     )]
     OpenEnvSessions {
@@ -145,6 +146,15 @@ pub enum ConfigError {
 }
 
 impl ActorConfig {
+    /// How a slot plays a group's episodes: `[actor.env] parallel_members`,
+    /// or unset, at once where the engine batches concurrent requests.
+    pub fn members(&self) -> Members {
+        match (self.env.parallel_members, self.engine) {
+            (Some(true), _) | (None, Engine::Vllm) => Members::AtOnce,
+            (Some(false), _) | (None, Engine::Burn) => Members::InTurn,
+        }
+    }
+
     /// Refuses, by name, a configuration whose rollouts the learner could
     /// not train on correctly.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -172,10 +182,9 @@ impl ActorConfig {
         }
         self.env.validate()?;
         let sessions = self.env.openenv.max_sessions;
-        let per_slot = if self.env.parallel_members {
-            self.group_size
-        } else {
-            1
+        let per_slot = match self.members() {
+            Members::AtOnce => self.group_size,
+            Members::InTurn => 1,
         };
         let open = self.concurrency.saturating_mul(per_slot);
         if self.env.kind == crate::env::EnvKind::Openenv && open > sessions {
@@ -239,7 +248,7 @@ mod tests {
                 c.group_size = 4;
                 c.env.kind = crate::env::EnvKind::Openenv;
                 c.env.endpoint = "http://127.0.0.1:8000".into();
-                c.env.parallel_members = parallel;
+                c.env.parallel_members = Some(parallel);
                 c.env.openenv.max_sessions = sessions;
             })
         };
@@ -256,5 +265,38 @@ mod tests {
         );
         assert!(err.to_string().contains("parallel_members"), "{err}");
         assert!(openenv(3, false, 2).is_err());
+    }
+
+    /// Unset, members play at once where the engine batches concurrent
+    /// requests (vLLM) and in turn on Burn; set, as set. The OpenEnv
+    /// check counts the members the engine's default opens.
+    #[test]
+    fn members_play_at_once_by_default_only_on_vllm() {
+        let of = |engine, parallel| {
+            let mut c = ActorConfig {
+                engine,
+                ..Default::default()
+            };
+            c.env.parallel_members = parallel;
+            c.members()
+        };
+        assert_eq!(of(Engine::Burn, None), Members::InTurn);
+        assert_eq!(of(Engine::Vllm, None), Members::AtOnce);
+        assert_eq!(of(Engine::Vllm, Some(false)), Members::InTurn);
+        assert_eq!(of(Engine::Burn, Some(true)), Members::AtOnce);
+        let vllm_openenv = |sessions| {
+            let mut c = ActorConfig {
+                engine: Engine::Vllm,
+                group_size: 4,
+                ..Default::default()
+            };
+            c.env.kind = crate::env::EnvKind::Openenv;
+            c.env.endpoint = "http://127.0.0.1:8000".into();
+            c.env.openenv.max_sessions = sessions;
+            c.validate()
+        };
+        let err = vllm_openenv(1).unwrap_err();
+        assert!(err.to_string().contains("engine = \"vllm\""), "{err}");
+        assert_eq!(vllm_openenv(8), Ok(()), "2 slots x 4 members");
     }
 }

@@ -442,7 +442,7 @@ impl Slot {
             })
             .collect();
         let mut episodes = Vec::with_capacity(self.cfg.group_size);
-        for end in runner.run_group(members, setup.members) {
+        for end in runner.run_group(members, self.cfg.members()) {
             match end {
                 EpisodeEnd::Done(ep) => episodes.push(*ep),
                 EpisodeEnd::Stopped => return GroupMade::Stop,

@@ -1,6 +1,6 @@
 //! `bapo bench episodes`: what multi-turn rollouts cost an actor. Groups
 //! of K episodes against the built-in calculator, their members played in
-//! turn (a slot's default) and at once (`parallel_members`), beside the
+//! turn (the Burn engine's default) and at once (`parallel_members`), beside the
 //! reference, the same prompts as single-turn groups of K responses
 //! generated together, on the same model, sampling and turn cap: tokens/s
 //! of each and their ratio. With a warm start that calls the calculator (`--init`), the

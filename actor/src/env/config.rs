@@ -106,8 +106,11 @@ pub struct EnvConfig {
     pub insecure: bool,
     /// Play a group's K episodes at once, each on a thread of its own,
     /// instead of one after another: vLLM batches their concurrent turns.
-    /// Each slot then holds K environment sessions at a time.
-    pub parallel_members: bool,
+    /// Each slot then holds K environment sessions at a time. Unset: at
+    /// once with `engine = "vllm"` (6.6-7.6x the tokens/s of in turn,
+    /// measured by actor/tests/vllm_episodes.rs), in turn with Burn
+    /// (which generates a turn for one context at a time).
+    pub parallel_members: Option<bool>,
     pub openenv: OpenEnvConfig,
 }
 
@@ -127,7 +130,7 @@ impl Default for EnvConfig {
             ca: None,
             server_name: None,
             insecure: false,
-            parallel_members: false,
+            parallel_members: None,
             openenv: OpenEnvConfig::default(),
         }
     }

@@ -194,9 +194,6 @@ pub struct EnvSetup {
     pub renderer: render::Renderer,
     pub limits: episode::Limits,
     pub retry: Retry,
-    /// `[actor.env] parallel_members`: a group's episodes at once or in
-    /// turn.
-    pub members: episode::Members,
 }
 
 /// The environment `cfg` names, asked to describe itself (retried as a
@@ -286,11 +283,6 @@ async fn finish(
             deadline: Duration::from_secs_f64(cfg.episode_timeout_s),
         },
         retry,
-        members: if cfg.parallel_members {
-            episode::Members::AtOnce
-        } else {
-            episode::Members::InTurn
-        },
     }))
 }
 
