@@ -16,27 +16,21 @@
 //! - a killed server is restarted and serves the current weights again.
 
 use std::{
-    path::PathBuf,
     sync::{Arc, atomic::AtomicBool},
     time::{Duration, Instant},
 };
 
+mod common;
+
+use common::{eager, serve, smollm2, wait_serving};
+
 use bapo_actor::{
-    UpdateMode,
     rollout::Outcome,
     subscription::Versioned,
     vllm::{self, VllmConfig},
 };
 use bapo_policy::{Generation, Policy, Response, SamplingParams, burn::prelude::*, hf};
 use tokio::sync::watch;
-
-fn smollm2() -> PathBuf {
-    std::env::var_os("BAPO_SMOLLM2_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/bapo/smollm2")
-        })
-}
 
 /// Log-prob of every response token under `p` at `temperature`, in one
 /// full forward pass.
@@ -45,16 +39,6 @@ fn recomputed(p: &Policy, prompt: &[u32], response: &[u32], temperature: f32) ->
     let (lp, _) = p.token_logprobs(Policy::tokens(&[row], &p.device()), temperature);
     let lp: Vec<f32> = lp.into_data().convert::<f32>().try_into_vec().unwrap();
     lp[prompt.len() - 1..].to_vec()
-}
-
-async fn wait_serving(cell: &mut watch::Receiver<Option<Arc<Versioned>>>, version: u64) {
-    tokio::time::timeout(
-        Duration::from_secs(900),
-        cell.wait_for(|c| c.as_ref().is_some_and(|v| v.version == version)),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("the engine never served v{version}"))
-    .unwrap();
 }
 
 async fn group(
@@ -115,35 +99,13 @@ async fn a_real_vllm_engine_serves_versions_matches_and_recovers() {
         policy: hf::load(&model, &cpu).unwrap(),
     });
     let (weights_tx, weights_rx) = watch::channel(Some(v1.clone()));
-    let (_stop_tx, stop_rx) = watch::channel(false);
     let cfg = VllmConfig {
         dtype: dtype.clone(),
-        extra_args: [
-            "--enforce-eager",
-            "--max-model-len",
-            "1024",
-            "--max-num-seqs",
-            "64",
-        ]
-        .map(String::from)
-        .to_vec(),
+        extra_args: eager(64),
         ..Default::default()
     };
-    let started = Instant::now();
-    let s = vllm::start(
-        &cfg,
-        UpdateMode::Partial,
-        Some(model.clone()),
-        weights_rx,
-        stop_rx,
-    )
-    .unwrap();
+    let (s, _stop_tx) = serve("engine", &cfg, weights_rx).await;
     let (engine, mut serving) = (s.engine, s.serving);
-    wait_serving(&mut serving, 1).await;
-    eprintln!(
-        "engine up and serving v1 after {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
 
     // 1. Mismatch: the engine's log-probs against bapo's, same tokens.
     let prompt: Vec<u32> = (0..16).map(|i| 100 + 37 * i).collect();
@@ -306,36 +268,14 @@ async fn a_real_vllm_engine_serves_lora_adapters_as_versions() {
         policy: with_adapters(&base, 1, fp),
     });
     let (weights_tx, weights_rx) = watch::channel(Some(v1.clone()));
-    let (_stop_tx, stop_rx) = watch::channel(false);
     let cfg = VllmConfig {
         dtype: "float32".into(),
         lora_rank: 16,
-        extra_args: [
-            "--enforce-eager",
-            "--max-model-len",
-            "1024",
-            "--max-num-seqs",
-            "16",
-        ]
-        .map(String::from)
-        .to_vec(),
+        extra_args: eager(16),
         ..Default::default()
     };
-    let started = Instant::now();
-    let s = vllm::start(
-        &cfg,
-        UpdateMode::Partial,
-        Some(model.clone()),
-        weights_rx,
-        stop_rx,
-    )
-    .unwrap();
+    let (s, _stop_tx) = serve("LoRA engine", &cfg, weights_rx).await;
     let (engine, mut serving) = (s.engine, s.serving);
-    wait_serving(&mut serving, 1).await;
-    eprintln!(
-        "LoRA engine up and serving v1 after {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
 
     // The engine computes base + adapter: its log-probs match bapo's
     // adapted policy, not the base.

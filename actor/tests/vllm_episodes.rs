@@ -8,10 +8,13 @@
 //! both orders. Opt-in: `scripts/e2e-vllm.sh` runs it.
 
 use std::{
-    path::PathBuf,
     sync::{Arc, atomic::AtomicBool},
-    time::{Duration, Instant},
+    time::Instant,
 };
+
+mod common;
+
+use common::{eager, serve, smollm2};
 
 use bapo_actor::{
     UpdateMode,
@@ -22,7 +25,7 @@ use bapo_actor::{
         slot::{Engine, SlotModel},
     },
     subscription::Versioned,
-    vllm::{self, VllmConfig},
+    vllm::VllmConfig,
 };
 use bapo_policy::{
     SamplingParams, burn::prelude::*, chat::ChatTemplate, hf, tokenizer::TextTokenizer,
@@ -32,14 +35,6 @@ use tokio::sync::watch;
 
 const GROUPS: usize = 4;
 const K: usize = 8;
-
-fn smollm2() -> PathBuf {
-    std::env::var_os("BAPO_SMOLLM2_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/bapo/smollm2")
-        })
-}
 
 #[test]
 #[ignore = "needs vLLM (scripts/vllm-env.sh) and SmolLM2 (scripts/convert-smollm2.sh); scripts/e2e-vllm.sh runs it"]
@@ -53,37 +48,11 @@ fn a_real_vllm_engine_plays_a_groups_episodes_in_turn_and_at_once() {
         policy: hf::load(&model, &Device::flex()).unwrap(),
     });
     let (_weights_tx, cell) = watch::channel(Some(weights));
-    let (_stop_tx, stop_rx) = watch::channel(false);
     let cfg = VllmConfig {
-        extra_args: [
-            "--enforce-eager",
-            "--max-model-len",
-            "1024",
-            "--max-num-seqs",
-            "16",
-        ]
-        .map(String::from)
-        .to_vec(),
+        extra_args: eager(16),
         ..Default::default()
     };
-    let started = Instant::now();
-    let s = vllm::start(
-        &cfg,
-        UpdateMode::Partial,
-        Some(model.clone()),
-        cell,
-        stop_rx,
-    )
-    .unwrap();
-    let mut serving = s.serving.clone();
-    rt.block_on(tokio::time::timeout(
-        Duration::from_secs(900),
-        serving.wait_for(|c| c.as_ref().is_some_and(|v| v.version == 1)),
-    ))
-    .expect("the engine never served v1")
-    .unwrap();
-    eprintln!("engine up after {:.0} s", started.elapsed().as_secs_f64());
-
+    let (s, _stop_tx) = rt.block_on(serve("engine", &cfg, cell));
     let tokenizer = TextTokenizer::from_file(&model.join("tokenizer.json")).unwrap();
     let config = std::fs::read_to_string(model.join("tokenizer_config.json")).unwrap();
     let chat = ChatTemplate::from_config_json(&config, "tokenizer_config.json")
