@@ -2,8 +2,16 @@
 //! (with its own engine and worker processes under it), restarted with
 //! backoff when it dies or stops answering, a bounded number of times;
 //! past that the actor exits non-zero, loudly, so the orchestrator sees
-//! it. The child is told to die with the actor (`PR_SET_PDEATHSIG`), so a
-//! killed actor restarted with the same flags finds its port free.
+//! it.
+//!
+//! The server's processes die with the actor however it ends, so a killed
+//! actor restarted with the same flags finds its port and memory free
+//! (each engine and worker holds gigabytes): they run in a process group
+//! of their own, killed whole when the actor stops it, restarts it, or
+//! drops it; and a small `sh` leader in that group, told to take a
+//! SIGTERM when the actor dies (`PR_SET_PDEATHSIG`, even by SIGKILL),
+//! kills the group. The API server alone would take its engine and
+//! worker processes with it only on a graceful exit.
 
 use std::{
     path::{Path, PathBuf},
@@ -59,6 +67,8 @@ impl Launch {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// `sh` leading the server's process group (see the module's doc);
+    /// it exits with the server's status.
     fn command(&self) -> Result<tokio::process::Command, std::io::Error> {
         std::fs::create_dir_all(&self.ext_dir)?;
         std::fs::write(self.ext_dir.join("bapo_vllm_ext.py"), EXTENSION)?;
@@ -67,8 +77,10 @@ impl Launch {
             .append(true)
             .open(&self.log)?;
         let c = &self.cfg;
-        let mut cmd = tokio::process::Command::new(&c.python);
-        cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.args(["-c", GROUP_LEADER, "sh"])
+            .arg(&c.python)
+            .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
             .arg(&self.model_dir)
             .args(["--served-model-name", &c.served_model_name])
             .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
@@ -93,7 +105,7 @@ impl Launch {
         // SAFETY: prctl is async-signal-safe and touches no memory of ours.
         unsafe {
             cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
                 Ok(())
             });
         }
@@ -101,18 +113,47 @@ impl Launch {
     }
 }
 
-/// Kills the server's whole process group (the API server and the
-/// engine and worker processes it started, which outlive it otherwise).
-/// By the group id taken at spawn: once the API server has exited and
-/// been reaped, `child.id()` is gone but its children are not.
-fn kill_group(group: Option<u32>, child: &mut Child) {
-    if let Some(pgid) = group {
-        // SAFETY: a plain signal to a process group we created.
-        unsafe {
-            libc::killpg(pgid as i32, libc::SIGKILL);
+/// The server's `sh` leader runs the server in the background and waits
+/// for it; a SIGTERM (the actor died), SIGHUP or SIGINT kills the whole
+/// group, itself included.
+const GROUP_LEADER: &str = r#"trap 'kill -KILL 0' TERM HUP INT; "$@" & wait $!"#;
+
+/// `sh`'s status when the command could not be found or run.
+const NOT_RUNNABLE: [i32; 2] = [126, 127];
+
+/// A started server's process group, killed whole when dropped: the API
+/// server and the engine and worker processes under it, which outlive it
+/// otherwise. By the group id taken at spawn: once the leader has exited
+/// and been reaped, `child.id()` is gone but the rest of its group is not.
+struct Running {
+    child: Child,
+    group: Option<u32>,
+}
+
+impl Running {
+    fn kill(&mut self) {
+        if let Some(pgid) = self.group.take() {
+            // SAFETY: a plain signal to a process group we created.
+            unsafe {
+                libc::killpg(pgid as i32, libc::SIGKILL);
+            }
         }
+        let _ = self.child.start_kill();
     }
-    let _ = child.start_kill();
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Why a server is no longer usable.
+enum Down {
+    /// It exited, never answered or stopped answering.
+    Because(String),
+    /// `python` could not be run at all: restarting cannot help.
+    NotRunnable(i32),
 }
 
 /// Starts the server and keeps it up until `stop`; sets `up` to true while
@@ -131,22 +172,34 @@ pub async fn supervise(
             python: launch.cfg.python.display().to_string(),
             source,
         })?;
-        let mut child = cmd.spawn().map_err(|source| ServerError::Spawn {
+        let child = cmd.spawn().map_err(|source| ServerError::Spawn {
             python: launch.cfg.python.display().to_string(),
             source,
         })?;
-        // `process_group(0)`: the group id is the server's pid.
-        let group = child.id();
+        // `process_group(0)`: the group id is the leader's pid.
+        let mut server = Running {
+            group: child.id(),
+            child,
+        };
         tracing::info!(url = %launch.url(), log = %launch.log.display(), "vLLM server starting");
         let started = Instant::now();
         let why = tokio::select! {
-            why = watch_one(&api, &mut child, &launch.cfg, &up) => Some(why),
+            why = watch_one(&api, &mut server.child, &launch.cfg, &up) => Some(why),
             _ = stop.wait_for(|s| *s) => None,
         };
-        kill_group(group, &mut child);
-        let _ = child.wait().await;
-        let Some(why) = why else {
-            return Ok(());
+        server.kill();
+        let _ = server.child.wait().await;
+        let why = match why {
+            None => return Ok(()),
+            Some(Down::Because(why)) => why,
+            Some(Down::NotRunnable(code)) => {
+                return Err(ServerError::Spawn {
+                    python: launch.cfg.python.display().to_string(),
+                    source: std::io::Error::other(format!(
+                        "sh could not run it: exit status {code}"
+                    )),
+                });
+            }
         };
         let _ = up.send(false);
         if started.elapsed() > HEALTHY_RESET {
@@ -176,12 +229,15 @@ async fn watch_one(
     child: &mut Child,
     cfg: &VllmConfig,
     up: &watch::Sender<bool>,
-) -> String {
+) -> Down {
     let deadline = Instant::now() + Duration::from_secs_f64(cfg.start_timeout_s);
     let mut misses = 0;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            return format!("exited with {status}");
+            return match status.code() {
+                Some(code) if NOT_RUNNABLE.contains(&code) => Down::NotRunnable(code),
+                _ => Down::Because(format!("exited with {status}")),
+            };
         }
         let healthy = api.healthy(Duration::from_secs(10)).await;
         let was_up = *up.borrow();
@@ -191,12 +247,15 @@ async fn watch_one(
                 let _ = up.send(true);
             }
             (false, false) if Instant::now() > deadline => {
-                return format!("no answer to /health within {} s", cfg.start_timeout_s);
+                return Down::Because(format!(
+                    "no answer to /health within {} s",
+                    cfg.start_timeout_s
+                ));
             }
             (false, true) => {
                 misses += 1;
                 if misses >= 3 {
-                    return "stopped answering /health".into();
+                    return Down::Because("stopped answering /health".into());
                 }
             }
             _ => misses = 0,
