@@ -42,7 +42,10 @@ pub fn char_level_json() -> String {
         "normalizer": null,
         "pre_tokenizer": {
             "type": "Split",
-            "pattern": {"Regex": "(?s)."},
+            // Any one character, newlines included, in a syntax both the
+            // Rust regex engines and Oniguruma (Python's tokenizers, so
+            // transformers and vLLM) read: `(?s).` is Rust's only.
+            "pattern": {"Regex": "[\\s\\S]"},
             "behavior": "Isolated",
             "invert": false
         },
@@ -243,5 +246,10 @@ mod tests {
         );
         let loaded = TextTokenizer::from_file(&shipped).unwrap();
         assert_eq!(loaded.encode("1+1=2").unwrap(), vec![20, 14, 20, 32, 21]);
+        assert_eq!(
+            loaded.encode("1\n2").unwrap(),
+            vec![20, 2, 21],
+            "a newline is one <unk>"
+        );
     }
 }
