@@ -21,7 +21,7 @@ pub enum UpdateMode {
 }
 
 /// What generates the responses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Engine {
     /// bapo's own Burn model, in the actor's process.

@@ -106,6 +106,13 @@ pub async fn run(
     )
     .await?
     .map(Arc::new);
+    if episodes.is_some() {
+        let how = match cfg.members() {
+            env::episode::Members::AtOnce => "at once",
+            env::episode::Members::InTurn => "in turn",
+        };
+        tracing::info!("a group's episodes play {how} ([actor.env] parallel_members)");
+    }
     let channel = tls::connector(&opts.buffer, opts.tls.as_ref())
         .with_context(|| format!("buffer address {:?}", opts.buffer))?
         .connect_lazy();

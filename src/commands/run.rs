@@ -56,6 +56,11 @@ pub struct RunArgs {
     /// [learner.lora] table in the config is used as it is instead.
     #[arg(long)]
     pub lora: bool,
+    /// What generates the actors' rollouts: bapo's own model (burn) or a
+    /// vLLM server each actor starts from `[actor.vllm]`'s venv (vllm;
+    /// scripts/vllm-env.sh makes one).
+    #[arg(long, value_enum)]
+    pub engine: Option<bapo_actor::Engine>,
     #[command(flatten)]
     pub device: common::DeviceArgs,
 }
@@ -76,6 +81,7 @@ impl RunArgs {
             seed: self.seed,
             quiet: self.quiet,
             lora: self.lora,
+            engine: self.engine,
             device: self.device,
         }
     }

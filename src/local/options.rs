@@ -34,6 +34,8 @@ pub struct RunOptions {
     pub quiet: bool,
     /// Train LoRA adapters (`--lora`).
     pub lora: bool,
+    /// `--engine`: what generates the rollouts.
+    pub engine: Option<bapo_actor::Engine>,
     /// `--device`, `--precision`: every process's `[model]` device and dtype.
     pub device: DeviceArgs,
 }
@@ -72,6 +74,9 @@ impl RunOptions {
         if self.lora && c.learner.lora.is_none() {
             c.learner.lora = Some(Default::default());
             c.learner.lr *= LORA_LR_FACTOR;
+        }
+        if let Some(e) = self.engine {
+            c.actor.engine = e;
         }
         self.device.apply(&mut c.model);
         if let Some(o) = &self.out {
@@ -152,5 +157,27 @@ mod tests {
         assert!(c.learner.eval_max_new_tokens >= need);
         let plain = RunOptions::default().resolve().unwrap();
         assert!(!plain.actor.env.enabled(), "arith keeps single answers");
+    }
+
+    /// `--engine vllm` puts the built-in run's actors on vLLM, whose
+    /// members then play at once; the config's own engine otherwise.
+    #[test]
+    fn the_engine_flag_picks_what_generates() {
+        use bapo_actor::{Engine, env::episode::Members};
+        let on = |engine| {
+            RunOptions {
+                task: Some("arith-tool".into()),
+                engine,
+                ..Default::default()
+            }
+            .resolve()
+            .unwrap()
+        };
+        let vllm = on(Some(Engine::Vllm));
+        assert_eq!(vllm.actor.engine, Engine::Vllm);
+        assert_eq!(vllm.actor.members(), Members::AtOnce);
+        let burn = on(None);
+        assert_eq!(burn.actor.engine, Engine::Burn);
+        assert_eq!(burn.actor.members(), Members::InTurn);
     }
 }
