@@ -17,7 +17,13 @@
 #      the vLLM server killed (SIGKILL) after the second learner step;
 #      then checks that the steps all ran, the books reconcile, the
 #      engine served several weight versions, and the killed server was
-#      restarted and served again.
+#      restarted and served again;
+#   3. `bapo run --engine vllm --task arith-tool`: the built-in tiny model
+#      (its warm start calls the calculator) playing multi-turn episodes on
+#      vLLM, members at once; checks the books, several weight versions,
+#      turns beyond the first with observations in the responses, the
+#      engine's log-probs against the learner's, and that no vLLM process
+#      outlives the run.
 #
 #   scripts/e2e-vllm.sh [GSM8K_JSONL]   # default ../shared/data/gsm8k/test.jsonl
 #
@@ -32,6 +38,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/bapo/target}"
 export BAPO_SMOLLM2_DIR="${BAPO_SMOLLM2_DIR:-$HOME/.cache/bapo/smollm2}"
 export BAPO_VLLM_VENV="${BAPO_VLLM_VENV:-$HOME/.cache/bapo/vllm-venv}"
 OUT="${BAPO_E2E_OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
 start=$(date +%s)
 say() { printf 'e2e-vllm: %s\n' "$*" >&2; }
 
@@ -91,5 +98,32 @@ steps = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()
 kl = [x["mismatch_kl_k3"] for x in steps if "mismatch_kl_k3" in x]
 print(f"e2e-vllm: {s['steps']} steps, books reconciled, engine served versions {served}, "
       f"killed server recovered; learner-side mismatch k3 per step {['%.1e' % k for k in kl]}")
+PY
+say "bapo run --engine vllm --task arith-tool: episodes on vLLM"
+# The built-in tiny model (warm start and all), its actor on vLLM: the
+# warm start calls the calculator, so episodes have several turns.
+"$BAPO" run --quiet --engine vllm --task arith-tool --steps 30 --actors 1 \
+  --out "$OUT/tool-run" >"$OUT/tool-run.out" 2>"$OUT/tool-run.err" \
+  || { tail -50 "$OUT/tool-run.err" >&2; say "bapo run --engine vllm failed ($OUT)"; exit 1; }
+left=$(pgrep -f 'vllm.entrypoints.openai.api_server|VLLM::' || true)
+[[ -z "$left" ]] || { say "vLLM processes outlived the run: $left"; exit 1; }
+python3 - "$OUT/tool-run" <<'PY'
+import json, pathlib, re, sys
+run = pathlib.Path(sys.argv[1])
+s = json.loads((run / "summary.json").read_text())
+assert s["reconciled"], f"books do not reconcile: {s['buffer']}"
+assert s["steps"] == 30, f"steps: {s['steps']}"
+log = (run / "logs" / "actor-0.log").read_text()
+assert "episodes play at once" in log, "vLLM's members did not play at once"
+served = {int(v) for v in re.findall(r"vLLM serves weights \d+\.(\d+)", log)}
+assert len(served) >= 10, f"the engine served only versions {sorted(served)}"
+steps = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"step"' in l]
+multi = [x for x in steps if x.get("turns_mean", 1) > 1 and x["response_len_mean"] > x["model_tokens_mean"]]
+assert multi, "no step trained on episodes of more than one turn"
+kl = max(x["mismatch_kl_k3"] for x in steps if "mismatch_kl_k3" in x)
+assert kl < 1e-3, f"engine and learner log-probs disagree: k3 {kl}"
+turns = sum(x.get("turns_mean", 1) for x in steps) / len(steps)
+print(f"e2e-vllm: episodes on vLLM: {s['steps']} steps, books reconciled, {len(served)} versions served, "
+      f"{turns:.2f} turns per episode on average, max mismatch k3 {kl:.1e}; no vLLM process left")
 PY
 say "ok in $(( $(date +%s) - start )) s ($OUT)"
