@@ -102,10 +102,18 @@ impl Launch {
             .stderr(log)
             .process_group(0)
             .kill_on_drop(true);
-        // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+        // An actor that died between the fork and the prctl sends no
+        // signal: the leader then finds itself adopted and does not start.
+        // SAFETY: prctl and getppid are async-signal-safe and touch no
+        // memory of ours.
+        let actor = std::process::id() as libc::pid_t;
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                if libc::getppid() != actor {
+                    // No allocation after the fork: a raw OS error.
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
                 Ok(())
             });
         }
