@@ -5,7 +5,8 @@
 //! checks that both are gone after the supervisor is dropped (a test's
 //! or an actor's runtime ending) and after the process running it is
 //! killed with SIGKILL (the actor killed; run in a child process, this
-//! test binary itself).
+//! test binary itself). Also: a `python` that cannot run, or a server
+//! that keeps dying, ends supervision with an error that names it.
 
 use std::{
     path::{Path, PathBuf},
@@ -159,4 +160,31 @@ async fn a_python_that_cannot_run_is_named_not_restarted() {
         msg.contains("no-venv/bin/python") && msg.contains("scripts/vllm-env.sh"),
         "{msg}"
     );
+}
+
+/// A server that keeps dying is given up after `max_restarts`, and the
+/// error carries the end of its log: the log itself may be in a
+/// directory that goes with the actor.
+#[tokio::test]
+async fn a_server_that_keeps_dying_is_given_up_with_its_last_words() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let python = dir.path().join("python");
+    std::fs::write(
+        &python,
+        "#!/bin/sh\necho 'ValueError: no such model' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut l = launch(dir.path(), python);
+    l.cfg.max_restarts = 1;
+    let (up, _) = watch::channel(false);
+    let (_stop_tx, stop) = watch::channel(false);
+    let err = tokio::time::timeout(Duration::from_secs(60), server::supervise(l, up, stop))
+        .await
+        .expect("never given up")
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("gave up after 1 restarts"), "{msg}");
+    assert!(msg.contains("ValueError: no such model"), "{msg}");
 }

@@ -54,11 +54,17 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
-    #[error("vLLM server: gave up after {restarts} restarts (last: {last}); its log is {log}")]
+    #[error(
+        "vLLM server: gave up after {restarts} restarts (last: {last}); its log is {log}, \
+         which ended:\n{tail}"
+    )]
     GaveUp {
         restarts: u32,
         last: String,
         log: String,
+        /// The log's last lines: a log in the actor's own temporary
+        /// directory is gone once the actor has exited.
+        tail: String,
     },
 }
 
@@ -220,6 +226,7 @@ pub async fn supervise(
                 restarts: restarts - 1,
                 last: why,
                 log: launch.log.display().to_string(),
+                tail: log_tail(&launch.log),
             });
         }
         tracing::warn!("vLLM server down ({why}); restart {restarts}");
@@ -289,6 +296,22 @@ pub async fn follow_health(api: Api, up: watch::Sender<bool>, mut stop: watch::R
             _ = stop.wait_for(|s| *s) => return,
         }
     }
+}
+
+/// The last lines of a server's log (of its last 4 KiB at most).
+fn log_tail(path: &Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    const BYTES: u64 = 4096;
+    const LINES: usize = 12;
+    let mut buf = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let len = f.metadata().map_or(0, |m| m.len());
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(BYTES)));
+        let _ = f.read_to_end(&mut buf);
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(LINES)..].join("\n")
 }
 
 /// A free loopback port for a started server (port 0 in the config).
