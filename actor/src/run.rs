@@ -35,7 +35,7 @@ use crate::{
     ActorConfig, Engine,
     env::{
         self, ResetInput,
-        episode::{self, EpisodeEnd, EpisodePacking, Runner},
+        episode::{self, EpisodeEnd, EpisodePacking},
         slot::SlotModel,
     },
     lease::{Admitted, Leasing, Stop},
@@ -418,16 +418,7 @@ impl Slot {
         params: &SamplingParams,
         group_id: &str,
     ) -> GroupMade {
-        let runner = Runner {
-            env: &*setup.env,
-            info: &setup.info,
-            renderer: &setup.renderer,
-            tokenizer: &self.tokenizer,
-            stop_tokens: &self.stop_tokens,
-            limits: setup.limits,
-            retry: setup.retry,
-            handle: &self.handle,
-        };
+        let runner = setup.runner(&self.tokenizer, &self.stop_tokens, &self.handle);
         let members = (0..self.cfg.group_size as u64)
             .map(|member| {
                 let model = SlotModel {

@@ -20,7 +20,7 @@ use bapo_actor::{
     UpdateMode,
     env::{
         EnvConfig, EnvKind, ResetInput,
-        episode::{Episode, EpisodeEnd, Members, Runner},
+        episode::{Episode, EpisodeEnd, Members},
         setup,
         slot::{Engine, SlotModel},
     },
@@ -79,16 +79,7 @@ fn a_real_vllm_engine_plays_a_groups_episodes_in_turn_and_at_once() {
         ))
         .unwrap()
         .expect("the built-in calculator");
-    let runner = Runner {
-        env: &*env.env,
-        info: &env.info,
-        renderer: &env.renderer,
-        tokenizer: &tokenizer,
-        stop_tokens: &stop,
-        limits: env.limits,
-        retry: env.retry,
-        handle: rt.handle(),
-    };
+    let runner = env.runner(&tokenizer, &stop, rt.handle());
     let (_abort_tx, abort_rx) = watch::channel(false);
     let play = |how: Members| {
         let t0 = Instant::now();

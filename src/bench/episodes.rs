@@ -10,7 +10,7 @@ use std::{path::PathBuf, sync::Arc, time::Instant};
 
 use bapo_actor::env::{
     EnvConfig, EnvKind, ResetInput,
-    episode::{EpisodeEnd, Members, Runner},
+    episode::{EpisodeEnd, Members},
     evaluate::PolicyModel,
     setup,
 };
@@ -96,16 +96,7 @@ pub fn run(args: EpisodesBenchArgs) -> anyhow::Result<()> {
     let env = rt
         .block_on(setup(&cfg, args.max_new_tokens, task.clone(), tok, None))?
         .ok_or_else(|| anyhow::anyhow!("no environment"))?;
-    let runner = Runner {
-        env: &*env.env,
-        info: &env.info,
-        renderer: &env.renderer,
-        tokenizer: &tokenizer,
-        stop_tokens: &stop,
-        limits: env.limits,
-        retry: env.retry,
-        handle: rt.handle(),
-    };
+    let runner = env.runner(&tokenizer, &stop, rt.handle());
     let play = |how: Members| {
         let t0 = Instant::now();
         let (mut tokens, mut turns, mut episodes) = (0, 0, 0);

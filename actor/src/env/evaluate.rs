@@ -15,7 +15,7 @@ use bapo_tasks::{Problem, Task};
 
 use super::{
     EnvConfig, EnvSetup, ResetInput,
-    episode::{EpisodeEnd, Model, Runner, TurnMade},
+    episode::{EpisodeEnd, Model, TurnMade},
 };
 
 /// A policy taking turns in process, one member at a time (greedy at
@@ -106,16 +106,9 @@ impl EpisodeEval {
     /// The reward of one episode of `problem` at `params` (a dropped
     /// episode scores the environment's lowest reward).
     fn episode(&self, policy: &Policy, problem: &Problem, params: SamplingParams) -> f32 {
-        let runner = Runner {
-            env: &*self.setup.env,
-            info: &self.setup.info,
-            renderer: &self.setup.renderer,
-            tokenizer: &self.tokenizer,
-            stop_tokens: &self.stop,
-            limits: self.setup.limits,
-            retry: self.setup.retry,
-            handle: self.handle(),
-        };
+        let runner = self
+            .setup
+            .runner(&self.tokenizer, &self.stop, self.handle());
         let input = ResetInput {
             task: self.task.name(),
             problem,

@@ -196,6 +196,28 @@ pub struct EnvSetup {
     pub retry: Retry,
 }
 
+impl EnvSetup {
+    /// Episodes of this environment, decoded with `tokenizer` and ended at
+    /// `stop_tokens`, its calls made on `handle`.
+    pub fn runner<'a>(
+        &'a self,
+        tokenizer: &'a bapo_policy::tokenizer::TextTokenizer,
+        stop_tokens: &'a [u32],
+        handle: &'a tokio::runtime::Handle,
+    ) -> episode::Runner<'a> {
+        episode::Runner {
+            env: &*self.env,
+            info: &self.info,
+            renderer: &self.renderer,
+            tokenizer,
+            stop_tokens,
+            limits: self.limits,
+            retry: self.retry,
+            handle,
+        }
+    }
+}
+
 /// The environment `cfg` names, asked to describe itself (retried as a
 /// call is): `None` when episodes are off.
 pub async fn setup(
