@@ -84,6 +84,10 @@ pub struct ReuseAnalysis {
     pub primary: Contrast,
     /// Holds when the primary contrast is significant with f above b.
     pub primary_holds: Option<bool>,
+    /// The primary without the one warm start on which Gate 1 failed,
+    /// when exactly one of several did: the registered sensitivity
+    /// analysis, reported beside the primary, not a second test.
+    pub primary_sensitivity: Option<(u64, Contrast)>,
     pub secondary: Vec<Contrast>,
     pub non_inferiority: NonInferiority,
     /// The smallest primary effect (nats) this many pairs detect at
@@ -162,6 +166,7 @@ pub fn analyse(
         .test
         .as_ref()
         .map(|t| detectable_effect(t.n, t.sd, ALPHA, POWER));
+    let gate1_by_warm_start = gate1_by_warm_start(arms, runs);
     ReuseAnalysis {
         updates,
         warm_starts: warm.to_vec(),
@@ -169,8 +174,9 @@ pub fn analyse(
         gate0_passed: (!gate0.is_empty()).then(|| gate0.iter().all(Gate0::passed)),
         gate1_start_window_miss: gate1,
         gate1_passed: gate1.map(|m| m >= GATE1_MISS),
-        gate1_by_warm_start: gate1_by_warm_start(arms, runs),
         gate2: dose_response(arms, runs, updates),
+        primary_sensitivity: without_idle_warm_start(&gate1_by_warm_start, runs),
+        gate1_by_warm_start,
         primary,
         primary_holds,
         secondary: secondary(runs),
@@ -194,6 +200,26 @@ fn gate1_by_warm_start(arms: &[Arm], runs: &[ArmRun]) -> Vec<(u64, f64)> {
             Some((w, 1.0 - summarise(f, &of_w).regimes?.start))
         })
         .collect()
+}
+
+/// The primary over every warm start but the one whose Gate 1 reading
+/// fell short, if exactly one of two or more did (registration: "if it
+/// fails on one warm start only, the primary is also reported without
+/// that warm start").
+fn without_idle_warm_start(by_warm: &[(u64, f64)], runs: &[ArmRun]) -> Option<(u64, Contrast)> {
+    let failed: Vec<u64> = by_warm
+        .iter()
+        .filter(|(_, miss)| *miss < GATE1_MISS)
+        .map(|(w, _)| *w)
+        .collect();
+    let ([w], true) = (failed.as_slice(), by_warm.len() >= 2) else {
+        return None;
+    };
+    let kept: Vec<ArmRun> = runs.iter().filter(|r| r.warm != *w).cloned().collect();
+    let mut c = contrast(&kept, "f", "b", ("final_entropy", final_entropy));
+    c.name = format!("{} without warm start {w}", c.name);
+    c.p_adjusted = c.test.as_ref().map(|t| t.p);
+    Some((*w, c))
 }
 
 /// The registered secondary family, Holm-adjusted together.
@@ -405,6 +431,10 @@ mod tests {
                 st.search_steps = Some(if t == 3 { 2.0 } else { 0.0 });
             }
             runs.push(idle);
+            // Arm b on both: f keeps 0.1 more entropy on warm start 0,
+            // 0.3 less on warm start 1.
+            runs.push(run("b", 0, s, 0.8 - 0.01 * s as f64, 0.4, 0.5));
+            runs.push(run("b", 1, s, 1.2, 0.4, 0.5));
         }
         let a = analyse(8, &reuse(8), &runs, &[], &[], 0.03);
         // Pooled: (5 + 1) searched of 10 updates, per seed: 0.3, passing.
@@ -416,6 +446,20 @@ mod tests {
         assert!(
             (w0 - 0.5).abs() < 1e-12 && (w1 - 0.1).abs() < 1e-12,
             "{w0} {w1}"
+        );
+        // Warm start 1 fails Gate 1 alone: the primary is read again
+        // without it, on warm start 0's two pairs.
+        let (w, c) = a.primary_sensitivity.expect("one warm start failed gate 1");
+        let t = c.test.unwrap();
+        assert_eq!((w, t.n), (1, 2));
+        assert!((t.diff - 0.105).abs() < 1e-9, "{t:?}");
+        assert!(a.primary.test.unwrap().diff < 0.0, "pooled, f below b");
+        // Both passing (or both failing): nothing to read again.
+        let both: Vec<ArmRun> = runs.iter().filter(|r| r.warm == 0).cloned().collect();
+        assert!(
+            analyse(8, &reuse(8), &both, &[], &[], 0.03)
+                .primary_sensitivity
+                .is_none()
         );
     }
 

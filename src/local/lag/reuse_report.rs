@@ -84,6 +84,7 @@ pub fn write(out: &Path, arms: &[Arm], runs: &[ArmRun], a: &ReuseAnalysis) -> an
             None => "not tested",
         }
     )?;
+    write_reading(&mut md, a)?;
     md += "Secondary (Holm-adjusted as one family):\n\n";
     for c in &a.secondary {
         line(&mut md, c)?;
@@ -112,6 +113,40 @@ pub fn write(out: &Path, arms: &[Arm], runs: &[ArmRun], a: &ReuseAnalysis) -> an
     }
     write_charts(&mut md, out, arms, runs)?;
     std::fs::write(out.join("results.md"), md)?;
+    Ok(())
+}
+
+/// What the registration says the primary verdict means when a gate
+/// fails in the study, and its sensitivity analysis without a warm start
+/// whose search stayed idle.
+fn write_reading(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
+    if a.gate2.passed == Some(false) {
+        md.push_str(
+            "Gate 2 failed in the study: reuse did not cost entropy here or on-policy \
+             training did not learn, so the primary verdict does not test the claim.\n\n",
+        );
+    }
+    if a.gate1_passed == Some(false) {
+        md.push_str(
+            "Gate 1 failed pooled: BAPO's bound search was not exercised enough to test \
+             the claim.\n\n",
+        );
+    }
+    if let Some((w, c)) = &a.primary_sensitivity {
+        writeln!(
+            md,
+            "Sensitivity (registered; Gate 1 failed on warm start {w} alone, not a second \
+             test):\n"
+        )?;
+        match &c.test {
+            Some(t) => writeln!(
+                md,
+                "- {}: {:+.4} (sd {:.4}, n {}, t = {:.2}, p = {:.4})\n",
+                c.name, t.diff, t.sd, t.n, t.t, t.p
+            )?,
+            None => writeln!(md, "- {}: no test\n", c.name)?,
+        }
+    }
     Ok(())
 }
 
