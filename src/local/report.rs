@@ -19,76 +19,125 @@ pub fn read_metrics(path: &Path) -> anyhow::Result<Vec<StepRecord>> {
     StepRecord::read_all(path).with_context(|| format!("reading {}", path.display()))
 }
 
-const COLORS: [RGBColor; 6] = [
+/// Tableau's ten: a study's ten arms each get a colour of their own.
+const COLORS: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
     RGBColor(255, 127, 14),
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
 ];
+
+/// Beyond this many series a legend inside the plot hides the lines it
+/// names; it moves to a column of its own beside the plot.
+const LEGEND_INSIDE_MAX: usize = 4;
+/// Width of that column.
+const LEGEND_WIDTH: u32 = 280;
 
 /// One line chart as SVG text.
 pub fn line_chart(title: &str, x_label: &str, series: &[Series]) -> anyhow::Result<String> {
+    let beside = series.len() > LEGEND_INSIDE_MAX;
+    let (w, h) = (640 + if beside { LEGEND_WIDTH } else { 0 }, 320);
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (640, 320)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (w, h)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let points = series.iter().flat_map(|(_, s)| s.iter());
-        let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-        for &(x, y) in points {
-            x0 = x0.min(x);
-            x1 = x1.max(x);
-            y0 = y0.min(y);
-            y1 = y1.max(y);
-        }
-        if x0 > x1 {
-            (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
-        }
-        let pad = ((y1 - y0) * 0.05).max(1e-3);
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 18))
-            .margin(10)
-            .x_label_area_size(30)
-            .y_label_area_size(50)
-            .build_cartesian_2d(x0..x1.max(x0 + 1.0), (y0 - pad)..(y1 + pad))
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        // Steps are whole numbers: no `1000.0` on the axis, and no more
-        // labels than whole steps (a 3-step run read "1 1 1 2 2 2 ...").
-        let x_format = |x: &f64| format!("{x:.0}");
-        let x_labels = ((x1 - x0).round() as usize + 1).clamp(2, 10);
-        chart
-            .configure_mesh()
-            .x_desc(x_label)
-            .x_labels(x_labels)
-            .x_label_formatter(&x_format)
-            .light_line_style(WHITE.mix(0.0))
-            .draw()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        for (i, (name, s)) in series.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
-            chart
-                .draw_series(LineSeries::new(s.iter().copied(), color.stroke_width(2)))
-                .map_err(|e| anyhow::anyhow!("{e}"))?
-                .label(name.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
-        }
-        if series.len() > 1 {
-            chart
-                .configure_series_labels()
-                .position(emptiest_corner(series, (x0, x1), (y0, y1)))
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK.mix(0.3))
-                .draw()
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (plot, legend) = root.split_horizontally(640);
+        draw_plot(&plot, title, x_label, series, !beside)?;
+        if beside {
+            draw_legend(&legend, series)?;
         }
         root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     // A viewBox lets the page scale the chart to its grid cell. plotters
     // writes one of its own after the size: a second one makes the file
     // invalid XML, which a browser refuses to show as an image.
-    let svg = svg.replacen(" viewBox=\"0 0 640 320\"", "", 1);
-    Ok(svg.replacen("<svg ", "<svg viewBox=\"0 0 640 320\" ", 1))
+    let view = format!(" viewBox=\"0 0 {w} {h}\"");
+    let svg = svg.replacen(&view, "", 1);
+    Ok(svg.replacen("<svg ", &format!("<svg{view} "), 1))
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// The axes and lines, with the legend inside when `legend_inside`.
+fn draw_plot(
+    area: &Area,
+    title: &str,
+    x_label: &str,
+    series: &[Series],
+    legend_inside: bool,
+) -> anyhow::Result<()> {
+    let points = series.iter().flat_map(|(_, s)| s.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in points {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if x0 > x1 {
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    let pad = ((y1 - y0) * 0.05).max(1e-3);
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(x0..x1.max(x0 + 1.0), (y0 - pad)..(y1 + pad))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Steps are whole numbers: no `1000.0` on the axis, and no more
+    // labels than whole steps (a 3-step run read "1 1 1 2 2 2 ...").
+    let x_format = |x: &f64| format!("{x:.0}");
+    let x_labels = ((x1 - x0).round() as usize + 1).clamp(2, 10);
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .x_labels(x_labels)
+        .x_label_formatter(&x_format)
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    for (i, (name, s)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(s.iter().copied(), color.stroke_width(2)))
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    }
+    if legend_inside && series.len() > 1 {
+        chart
+            .configure_series_labels()
+            .position(emptiest_corner(series, (x0, x1), (y0, y1)))
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK.mix(0.3))
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(())
+}
+
+/// The series' names in a column, each beside a stroke of its colour.
+fn draw_legend(area: &Area, series: &[Series]) -> anyhow::Result<()> {
+    let style = ("sans-serif", 13).into_font().color(&BLACK);
+    for (i, (name, _)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let y = 40 + 20 * i as i32;
+        area.draw(&PathElement::new(
+            vec![(4, y), (24, y)],
+            color.stroke_width(2),
+        ))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        area.draw(&Text::new(name.as_str(), (30, y - 7), style.clone()))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(())
 }
 
 /// The corner of the plot the lines pass through least (sampled along
@@ -465,6 +514,31 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+
+    #[test]
+    fn ten_series_get_ten_colours_and_a_legend_beside_the_plot() {
+        let series: Vec<Series> = (0..10)
+            .map(|i| {
+                (
+                    format!("arm {i}"),
+                    vec![(0.0, 0.5), (200.0, 0.4 + 0.01 * i as f64)],
+                )
+            })
+            .collect();
+        let svg = line_chart("entropy", "step", &series).unwrap();
+        assert!(
+            svg.starts_with("<svg viewBox=\"0 0 920 320\""),
+            "{}",
+            &svg[..80]
+        );
+        for c in COLORS {
+            let hex = format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2);
+            assert!(svg.to_uppercase().contains(&hex), "{hex} unused");
+        }
+        // Four series keep the legend inside, at the usual size.
+        let svg = line_chart("entropy", "step", &series[..4]).unwrap();
+        assert!(svg.starts_with("<svg viewBox=\"0 0 640 320\""));
+    }
 
     #[test]
     fn the_legend_goes_where_the_lines_are_not() {
