@@ -263,3 +263,46 @@ fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::lag::{arms::reuse, episode::synthetic_run, reuse_analysis::analyse};
+
+    /// Three seeds of the dose arms and BAPO: entropy falling with E and
+    /// the search engaged on half of f's updates, or neither.
+    fn reading(gates_hold: bool) -> String {
+        let mut runs = Vec::new();
+        for s in 0..3 {
+            let j = s as f64 * 0.01;
+            let ends = if gates_hold {
+                [0.95 + j / 2.0, 0.85 + 2.0 * j, 0.75 - j, 0.6 + j]
+            } else {
+                [0.6 + j, 0.7 + 2.0 * j, 0.8 - j, 0.9 + j]
+            };
+            for (arm, end) in ["a", "p2", "p4", "b"].into_iter().zip(ends) {
+                runs.push(synthetic_run(arm, (0, s), end, (0.3, 0.4 + j), 0.5));
+            }
+            let mut f = synthetic_run("f", (0, s), 0.7, (0.3, 0.4), 0.5);
+            if !gates_hold {
+                f.steps
+                    .iter_mut()
+                    .for_each(|st| st.search_steps = Some(0.0));
+            }
+            runs.push(f);
+        }
+        let a = analyse(8, &reuse(8), &runs, &[], &[], 0.01);
+        let mut md = String::new();
+        write_reading(&mut md, &a).unwrap();
+        md
+    }
+
+    #[test]
+    fn a_failed_gate_says_the_verdict_does_not_test_the_claim() {
+        let failed = reading(false);
+        assert!(failed.contains("Gate 2 failed in the study"), "{failed}");
+        assert!(failed.contains("Gate 1 failed pooled"), "{failed}");
+        assert!(!failed.contains("Sensitivity"), "one warm start: {failed}");
+        assert_eq!(reading(true), "", "both gates hold: nothing to qualify");
+    }
+}
