@@ -47,33 +47,8 @@ pub fn write(out: &Path, arms: &[Arm], runs: &[ArmRun], a: &ReuseAnalysis) -> an
     md += "\n## Arms\n\n";
     write_table(&mut md, &a.arms)?;
     md += "\n## Contrasts (paired over warm start x seed)\n\n";
-    let line = |md: &mut String, c: &Contrast| -> std::fmt::Result {
-        match &c.test {
-            Some(t) => writeln!(
-                md,
-                "- {}: {:+.4} (sd {:.4}, n {}, t = {:.2}, p = {:.4}, adjusted p = {:.4}){}",
-                c.name,
-                t.diff,
-                t.sd,
-                t.n,
-                t.t,
-                t.p,
-                c.p_adjusted.unwrap_or(f64::NAN),
-                if c.significant() == Some(true) {
-                    ": **significant**"
-                } else {
-                    ""
-                }
-            ),
-            None => writeln!(
-                md,
-                "- {}: no test (arm not run, too few pairs or no variance)",
-                c.name
-            ),
-        }
-    };
     md += "Primary (registered, alone at alpha 0.05):\n\n";
-    line(&mut md, &a.primary)?;
+    contrast_line(&mut md, &a.primary)?;
     writeln!(
         md,
         "\nPrimary verdict: BAPO paper mode keeps more entropy than PPO at E = {}: **{}**\n",
@@ -87,7 +62,7 @@ pub fn write(out: &Path, arms: &[Arm], runs: &[ArmRun], a: &ReuseAnalysis) -> an
     write_reading(&mut md, a)?;
     md += "Secondary (Holm-adjusted as one family):\n\n";
     for c in &a.secondary {
-        line(&mut md, c)?;
+        contrast_line(&mut md, c)?;
     }
     let ni = &a.non_inferiority;
     writeln!(
@@ -116,6 +91,34 @@ pub fn write(out: &Path, arms: &[Arm], runs: &[ArmRun], a: &ReuseAnalysis) -> an
     Ok(())
 }
 
+/// One contrast as a line: its test, adjusted p and whether it is
+/// significant, or why there is none.
+fn contrast_line(md: &mut String, c: &Contrast) -> std::fmt::Result {
+    match &c.test {
+        Some(t) => writeln!(
+            md,
+            "- {}: {:+.4} (sd {:.4}, n {}, t = {:.2}, p = {:.4}, adjusted p = {:.4}){}",
+            c.name,
+            t.diff,
+            t.sd,
+            t.n,
+            t.t,
+            t.p,
+            c.p_adjusted.unwrap_or(f64::NAN),
+            if c.significant() == Some(true) {
+                ": **significant**"
+            } else {
+                ""
+            }
+        ),
+        None => writeln!(
+            md,
+            "- {}: no test (arm not run, too few pairs or no variance)",
+            c.name
+        ),
+    }
+}
+
 /// What the registration says the primary verdict means when a gate
 /// fails in the study, and its sensitivity analysis without a warm start
 /// whose search stayed idle.
@@ -138,14 +141,8 @@ fn write_reading(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
             "Sensitivity (registered; Gate 1 failed on warm start {w} alone, not a second \
              test):\n"
         )?;
-        match &c.test {
-            Some(t) => writeln!(
-                md,
-                "- {}: {:+.4} (sd {:.4}, n {}, t = {:.2}, p = {:.4})\n",
-                c.name, t.diff, t.sd, t.n, t.t, t.p
-            )?,
-            None => writeln!(md, "- {}: no test\n", c.name)?,
-        }
+        contrast_line(md, c)?;
+        md.push('\n');
     }
     Ok(())
 }
