@@ -78,12 +78,23 @@ fn finished_files(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir.join("study/finished"))
         .map(|d| {
             d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .filter(|n| n.ends_with(".json"))
+                .filter(|n| n.ends_with(".json.gz"))
                 .collect()
         })
         .unwrap_or_default();
     names.sort();
     names
+}
+
+/// The text of a gzip'd artefact, as a reader's `zcat` gives it.
+fn gunzip(path: &Path) -> String {
+    use std::io::Read;
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(file)
+        .read_to_string(&mut text)
+        .expect("gzip");
+    text
 }
 
 #[test]
@@ -129,28 +140,24 @@ fn a_killed_study_keeps_its_finished_runs_and_makes_the_rest() {
         assert_eq!(&now, bytes, "{name} was made again");
     }
     assert_eq!(finished_files(dir.path()).len(), 4);
-    let study: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("study/study.json")).expect("study.json"),
-    )
-    .expect("json");
+    let study: serde_json::Value =
+        serde_json::from_str(&gunzip(&dir.path().join("study/study.json.gz"))).expect("json");
+    // study.json.gz lists the runs; each is in its own file, once.
     let runs = study["runs"].as_array().expect("runs");
     assert_eq!(runs.len(), 4);
-    for run in runs {
-        let name = format!(
-            "{}-w{}-s{}.json",
+    for name in runs {
+        let name = name.as_str().expect("a file name");
+        let stored: serde_json::Value =
+            serde_json::from_str(&gunzip(&dir.path().join("study").join(name))).expect("json");
+        let run = &stored["run"];
+        let own = format!(
+            "finished/{}-w{}-s{}.json.gz",
             run["arm"].as_str().expect("arm"),
             run["warm"],
             run["seed"]
         );
-        let stored: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(dir.path().join("study/finished").join(&name))
-                .expect("stored"),
-        )
-        .expect("json");
-        assert_eq!(
-            &stored["run"], run,
-            "{name}: the results differ from the stored run"
-        );
+        assert_eq!(name, own, "the listed file holds another run");
+        assert!(run["steps"].as_array().is_some_and(|s| !s.is_empty()));
     }
 }
 
@@ -189,7 +196,7 @@ fn gate_only_measures_gate0_per_mini_batch_and_makes_no_run() {
             .as_str()
             .is_some_and(|c| c.contains(" --gate-only"))
     );
-    assert!(!out.join("finished").exists() && !out.join("study.json").exists());
+    assert!(!out.join("finished").exists() && !out.join("study.json.gz").exists());
     assert!(log.contains("per mini-batch of 1 groups"), "{log}");
     // The log shows how far the warm start got at each check.
     let line = log

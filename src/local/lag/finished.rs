@@ -5,11 +5,16 @@
 //! already has.
 //!
 //! A run is reused only under the same fingerprint: a hash of everything
-//! that changes its numbers (the setting as `study.json` records it, the
+//! that changes its numbers (the setting as the study records it, the
 //! arm, and the bytes of its warm start). Anything else is run again and
 //! overwritten. The code is not in the fingerprint (a fix to the report
 //! must not redo a day of runs): each file records the commit it was made
-//! at, and `study.json` lists them all, so mixed commits are visible.
+//! at, and `study.json.gz` lists them all, so mixed commits are visible.
+//!
+//! Files are gzip'd JSON (`.json.gz`; `zcat` or Python's `gzip` reads
+//! them): a study's every update of every run is tens of megabytes of
+//! text, and the tree must stay small enough to travel. Plain `.json`
+//! files of older studies are still read.
 
 use std::path::{Path, PathBuf};
 
@@ -42,7 +47,7 @@ struct Stored<T> {
 const BEFORE_RUNS: &str = "before-runs";
 
 impl Finished {
-    /// `setting`: what every run shares, as `study.json` records it;
+    /// `setting`: what every run shares, as the study records it;
     /// `inits`: the warm starts' directories.
     pub fn open(
         dir: PathBuf,
@@ -107,7 +112,7 @@ impl Finished {
     }
 
     fn read<T: DeserializeOwned>(&self, path: &Path, key: &impl Serialize, warm: u64) -> Option<T> {
-        let text = std::fs::read_to_string(path).ok()?;
+        let text = read_text(path).ok()?;
         let stored: Stored<T> = match serde_json::from_str(&text) {
             Ok(s) => s,
             Err(e) => {
@@ -140,19 +145,32 @@ impl Finished {
             commit: self.commit.clone(),
             run: value,
         };
-        write_aside(path, serde_json::to_string(&stored)?)
+        write_gz_aside(path, serde_json::to_string(&stored)?)
     }
 
     /// The commits the finished runs of `keys` were made at, each once.
     pub fn commits(&self, keys: &[(String, u64, u64)]) -> Vec<String> {
         let mut out: Vec<String> = keys
             .iter()
-            .filter_map(|(arm, w, s)| std::fs::read_to_string(self.path(arm, *w, *s)).ok())
+            .filter_map(|(arm, w, s)| read_text(&self.path(arm, *w, *s)).ok())
             .filter_map(|t| serde_json::from_str::<Stored<ArmRun>>(&t).ok()?.commit)
             .collect();
         out.sort();
         out.dedup();
         out
+    }
+
+    /// The files of the runs of `keys`, relative to the study's directory
+    /// (what `study.json.gz` lists).
+    pub fn files(&self, keys: &[(String, u64, u64)]) -> Vec<String> {
+        let parent = self.dir.parent().unwrap_or(Path::new(""));
+        keys.iter()
+            .map(|(arm, w, s)| {
+                let path = self.path(arm, *w, *s);
+                let rel = path.strip_prefix(parent).unwrap_or(&path);
+                rel.to_string_lossy().into_owned()
+            })
+            .collect()
     }
 
     fn fingerprint(&self, arm: &impl Serialize, warm: u64) -> anyhow::Result<String> {
@@ -168,13 +186,13 @@ impl Finished {
     }
 
     fn path(&self, arm: &str, warm: u64, seed: u64) -> PathBuf {
-        self.dir.join(format!("{arm}-w{warm}-s{seed}.json"))
+        self.dir.join(format!("{arm}-w{warm}-s{seed}.json.gz"))
     }
 
     fn measure_path(&self, name: &str, warm: u64) -> PathBuf {
         self.dir
             .join(BEFORE_RUNS)
-            .join(format!("{name}-w{warm}.json"))
+            .join(format!("{name}-w{warm}.json.gz"))
     }
 }
 
@@ -206,10 +224,41 @@ fn hex(bytes: &[u8]) -> String {
 /// Writes `path` aside (`<path>.partial`), then renames it into place: a
 /// kill mid-write leaves the old file or none, never half of one that a
 /// rerun or a reader would take for the whole.
-pub fn write_aside(path: &std::path::Path, text: String) -> anyhow::Result<()> {
+pub fn write_aside(path: &std::path::Path, text: impl AsRef<[u8]>) -> anyhow::Result<()> {
     let tmp = path.with_extension("partial");
     std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("moving {}", path.display()))
+}
+
+/// [`write_aside`] of `text` gzip'd (best compression: written once,
+/// read rarely, carried often).
+pub fn write_gz_aside(path: &Path, text: String) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(text.as_bytes())?;
+    write_aside(path, gz.finish()?)
+}
+
+/// The text of `path`, gunzipped when it ends in `.gz`; a `.json.gz` that
+/// is missing falls back to the plain `.json` an older study wrote.
+pub fn read_text(path: &Path) -> anyhow::Result<String> {
+    use std::io::Read;
+    let is_gz = path.extension().is_some_and(|e| e == "gz");
+    if !is_gz || (!path.exists() && path.with_extension("").exists()) {
+        let plain = if is_gz {
+            path.with_extension("")
+        } else {
+            path.to_path_buf()
+        };
+        return std::fs::read_to_string(&plain)
+            .with_context(|| format!("reading {}", plain.display()));
+    }
+    let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(file)
+        .read_to_string(&mut text)
+        .with_context(|| format!("decompressing {}", path.display()))?;
+    Ok(text)
 }
 
 #[cfg(test)]
@@ -326,10 +375,25 @@ mod tests {
         let path = root.path().join("study.json");
         // What a write killed midway leaves: half a file aside.
         std::fs::write(path.with_extension("partial"), "{\"half\": ").unwrap();
-        write_aside(&path, "{\"long\": \"first version\"}".into()).unwrap();
-        write_aside(&path, "{}".into()).unwrap();
+        write_aside(&path, "{\"long\": \"first version\"}").unwrap();
+        write_aside(&path, "{}").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "{}");
         assert!(!path.with_extension("partial").exists());
+    }
+
+    #[test]
+    fn a_run_an_older_study_kept_as_plain_json_is_still_reused() {
+        let root = tempfile::tempdir().unwrap();
+        warm(root.path(), b"weights");
+        let arm = serde_json::json!({"id": "p2"});
+        let store = open(root.path(), serde_json::json!({}));
+        store.save(&arm, &run()).unwrap();
+        let gz = root.path().join("finished/p2-w0-s3.json.gz");
+        let text = read_text(&gz).unwrap();
+        assert!(text.starts_with("{\"fingerprint\""), "{text:.40}");
+        std::fs::remove_file(&gz).unwrap();
+        std::fs::write(gz.with_extension(""), text).unwrap();
+        assert_eq!(store.load(&arm, "p2", 0, 3), Some(run()));
     }
 
     #[test]
@@ -339,9 +403,9 @@ mod tests {
         let arm = serde_json::json!({"id": "p2"});
         let store = open(root.path(), serde_json::json!({}));
         store.save(&arm, &run()).unwrap();
-        let path = root.path().join("finished/p2-w0-s3.json");
-        let text = std::fs::read_to_string(&path).unwrap();
-        std::fs::write(&path, &text[..text.len() / 2]).unwrap();
+        let path = root.path().join("finished/p2-w0-s3.json.gz");
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
         assert_eq!(store.load(&arm, "p2", 0, 3), None);
         store.save(&arm, &run()).unwrap();
         assert_eq!(store.load(&arm, "p2", 0, 3), Some(run()));

@@ -146,10 +146,14 @@ pub fn run(study: &LagStudy) -> anyhow::Result<()> {
         "arms": arms,
         "gate0": gates,
         "analysis": verdicts,
-        "runs": runs,
+        // Every update of every run is in its own file (megabytes): one
+        // home, listed here, not a second copy.
+        "runs": finished.files(&keys),
     });
-    // Compact: every update of every run is in it.
-    finished::write_aside(&study.out.join("study.json"), serde_json::to_string(&json)?)?;
+    finished::write_gz_aside(
+        &study.out.join("study.json.gz"),
+        serde_json::to_string(&json)?,
+    )?;
     match &verdicts {
         Verdicts::Lag(a) => report::write(&study.out, &arms, &runs, a)?,
         Verdicts::Reuse(a) => reuse_report::write(&study.out, &arms, &runs, a)?,
@@ -158,7 +162,7 @@ pub fn run(study: &LagStudy) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What every run of the study shares, as `study.json` records it.
+/// What every run of the study shares, as `study.json.gz` records it.
 fn setting(cfg: &ConfigFile, study: &LagStudy, setup: &Setup) -> serde_json::Value {
     let (lag, updates) = match study.design {
         Design::Lag(k) => (Some(k), None),

@@ -12,7 +12,7 @@ use crate::local::report::{Series, line_chart};
 
 pub fn write(out: &Path, arms: &[Arm], runs: &[ArmRun], a: &Analysis) -> anyhow::Result<()> {
     let mut md = String::from("# Controlled-lag study: results\n\n");
-    md += "Written by `bapo study --lag`; the numbers are in `study.json` beside it, \
+    md += "Written by `bapo study --lag`; the numbers are in `study.json.gz` beside it, \
            the hypotheses in README.md.\n\n## Gates\n\n";
     let yn = |b: Option<bool>| match b {
         Some(true) => "passed",

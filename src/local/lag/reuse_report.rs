@@ -25,7 +25,7 @@ fn yn(b: Option<bool>) -> &'static str {
 pub fn write(out: &Path, arms: &[Arm], runs: &[ArmRun], a: &ReuseAnalysis) -> anyhow::Result<()> {
     let mut md = format!(
         "# Sample-reuse study (E = {}): results\n\nWritten by `bapo study --reuse`; \
-         the numbers are in `study.json` beside it, the registration in README.md.\n\n",
+         the numbers are in `study.json.gz` beside it, the registration in README.md.\n\n",
         a.updates
     );
     write_gates(&mut md, a)?;
