@@ -126,6 +126,24 @@ pub struct LearnerConfig {
     /// Sequences per forward/backward pass; gradients accumulate over the
     /// micro-batches of a step, with the step's global denominators.
     pub micro_batch_seqs: usize,
+    /// Padded tokens (`sequences × longest`) per forward/backward pass at
+    /// most, sequences of like length sharing a pass; 0: no budget, only
+    /// `micro_batch_seqs`. Bounds activation memory whatever the lengths
+    /// (see the trainer's `micro.rs`). Same loss and gradients either way.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub micro_batch_tokens: usize,
+    /// Keep only each layer's input through the forward pass and
+    /// recompute the layers one at a time in the backward pass: activation
+    /// memory of one layer instead of all, for about one more forward.
+    /// Same loss and gradients. (Burn's own `gradient_checkpointing()`
+    /// recomputes only element-wise ops, not layers.)
+    #[serde(skip_serializing_if = "is_false")]
+    pub checkpoint_layers: bool,
+    /// The memory the learner's device has for it, in GiB; 0: the host's
+    /// on the CPU, unknown on a GPU (then nothing is checked). A step that
+    /// the estimate (`memory.rs`) says cannot fit is refused at start.
+    #[serde(skip_serializing_if = "is_zero_f64")]
+    pub device_memory_gib: f64,
     /// Peak learning rate (see [`LrSchedule`]).
     pub lr: f64,
     pub warmup_steps: u64,
@@ -180,6 +198,21 @@ pub struct LearnerConfig {
     pub lora: Option<LoraConfig>,
 }
 
+/// Fields added since a study's runs are left out of the serialised
+/// config at their defaults: a study's fingerprint hashes this config, so
+/// its finished runs stay reusable (and its `study.json.gz` unchanged).
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
+}
+
 impl Default for LearnerConfig {
     fn default() -> Self {
         Self {
@@ -203,6 +236,9 @@ impl Default for LearnerConfig {
             filter_zero_variance: false,
             batch_groups: 8,
             micro_batch_seqs: 64,
+            micro_batch_tokens: 0,
+            checkpoint_layers: false,
+            device_memory_gib: 0.0,
             lr: 1e-6,
             warmup_steps: 0,
             decay: Decay::Constant,
@@ -360,6 +396,19 @@ impl LearnerConfig {
         self.validate_combination()?;
         if self.micro_batch_seqs == 0 {
             return bad("micro_batch_seqs", "must be at least 1");
+        }
+        if self.checkpoint_layers && self.lora.as_ref().is_some_and(|l| l.dropout > 0.0) {
+            return bad(
+                "checkpoint_layers",
+                "cannot recompute layers with LoRA dropout (the recomputed pass would draw \
+                 other masks than the one kept): set lora.dropout = 0 or checkpoint_layers = false",
+            );
+        }
+        if !(self.device_memory_gib.is_finite() && self.device_memory_gib >= 0.0) {
+            return bad(
+                "device_memory_gib",
+                "must be a number of GiB, or 0 for the device's own",
+            );
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return bad("lr", "must be a positive number");

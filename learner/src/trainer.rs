@@ -15,7 +15,7 @@ use bapo_policy::{
         module::Module,
         optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer},
         prelude::*,
-        tensor::Bytes,
+        tensor::{Bytes, Gradients},
     },
     logprob::{next_token_logprobs, next_token_logprobs_and_entropy},
     lora,
@@ -28,6 +28,7 @@ use crate::{
     config::{ConfigError, LearnerConfig, Proximal, SearchScope},
     grads::clip_global_norm,
     loss::{Denominators, LossError, LossOutput, PolicyLoss, TokenBatch},
+    memory,
     record::Metric,
     rollouts::TrainGroup,
     spear::SpearMemory,
@@ -36,6 +37,7 @@ use crate::{
 };
 
 mod host_loss;
+mod micro;
 mod replay;
 
 use host_loss::HostLoss;
@@ -79,6 +81,18 @@ pub enum TrainError {
     },
     #[error("the batch holds no sequence to train on")]
     Empty,
+    /// A step the device cannot hold, by the estimate (`memory.rs`).
+    #[error("memory: {0}")]
+    Memory(String),
+    #[error(
+        "sequence {index} of group {group} has {len} tokens, more than learner.micro_batch_tokens = {budget}"
+    )]
+    OverBudget {
+        group: String,
+        index: usize,
+        len: usize,
+        budget: usize,
+    },
 }
 
 /// What one step did, for logs and metrics.
@@ -132,6 +146,16 @@ impl Prepared {
 /// Rows, the token batch without current log-probs, and data metrics.
 type Layout = (Vec<Row>, TokenBatch, BTreeMap<String, f64>);
 
+/// What a pass that checkpoints layers keeps of its forward: each layer's
+/// input (no graph), and the last layer's output as the tracked leaf the
+/// head's graph starts from.
+struct Checkpoints {
+    inputs: Vec<Tensor<2>>,
+    top: Tensor<2>,
+    /// Sequences and tokens per sequence of the pass.
+    dims: (usize, usize),
+}
+
 /// Entropy and KL penalties summed over a step's micro-batches.
 struct Sums {
     entropy: f64,
@@ -139,6 +163,7 @@ struct Sums {
 }
 
 /// One trained sequence laid out for the model.
+#[derive(Clone)]
 struct Row {
     tokens: Vec<u32>,
     reward: f32,
@@ -156,6 +181,8 @@ pub struct Trainer {
     model: Transformer,
     optim: ModuleOptimizer,
     rope: Rope,
+    /// The same tables without autodiff, for passes without a graph.
+    rope_plain: Rope,
     loss: Box<dyn PolicyLoss>,
     /// Frozen initial policy, for the KL penalty.
     reference: Option<Transformer>,
@@ -222,13 +249,48 @@ fn with_adapters(
     Ok(model)
 }
 
+/// Refuses, at start, a step that `policy`'s device cannot hold by the
+/// estimate, and logs the estimate either way.
+fn check_memory(cfg: &LearnerConfig, policy: &Policy) -> Result<(), TrainError> {
+    let precision = policy.model.compute;
+    let device = policy.device();
+    let attention = match bapo_policy::kernels::serve(&device, precision) {
+        true => memory::Attention::Fused,
+        false => memory::Attention::Scores,
+    };
+    let est = memory::estimate(&policy.config, cfg, precision, attention);
+    let capacity = match cfg.device_memory_gib {
+        0.0 => bapo_policy::kernels::serve(&device, Precision::F32)
+            .then(memory::host_memory)
+            .flatten(),
+        gib => Some((gib * (1u64 << 30) as f64) as u64),
+    };
+    tracing::info!(
+        capacity_gib = capacity.map(memory::gib),
+        "memory of a training step, estimated: {}",
+        est.describe()
+    );
+    match capacity {
+        Some(c) => memory::check(&est, cfg, c, &policy.config, precision, attention)
+            .map_err(TrainError::Memory),
+        None => Ok(()),
+    }
+}
+
 impl Trainer {
     /// Trains `policy`'s weights (moved onto the autodiff form of their
     /// device), starting at policy version `version`.
     pub fn new(cfg: LearnerConfig, policy: Policy, version: u64) -> Result<Self, TrainError> {
         cfg.validate()?;
+        check_memory(&cfg, &policy)?;
         let loss = cfg.build_loss()?;
         let device = policy.device().autodiff();
+        let rope_plain = Rope::new(
+            policy.config.head_dim(),
+            policy.config.rope_theta(),
+            policy.config.max_position_embeddings,
+            &policy.device(),
+        );
         let rope = Rope::new(
             policy.config.head_dim(),
             policy.config.rope_theta(),
@@ -264,6 +326,7 @@ impl Trainer {
             model,
             optim,
             rope,
+            rope_plain,
             loss,
             reference,
             step: 0,
@@ -460,13 +523,13 @@ impl Trainer {
     /// without a graph, micro-batch by micro-batch.
     fn logprobs_no_grad(&self, rows: &[Row], n_tokens: usize) -> Vec<f64> {
         let valid = self.model.valid();
-        let rope = self.plain_rope();
+        let rope = &self.rope_plain;
         let mut lp = vec![0.0; n_tokens];
-        for mb in micro_batches(rows.len(), self.cfg.micro_batch_seqs) {
-            let tokens = self.tokens(&rows[mb.clone()], &self.device.clone().inner());
-            let logits = valid.forward(tokens.clone(), &rope, None);
+        for mb in self.micro_batches(rows, false) {
+            let tokens = self.tokens(&mb, &self.device.clone().inner());
+            let logits = valid.forward(tokens.clone(), rope, None);
             let host = to_host(next_token_logprobs(logits, tokens, self.cfg.temperature));
-            scatter_response(&rows[mb], &host, &mut lp);
+            scatter_response(&mb, &host, &mut lp);
         }
         lp.into_iter().map(|x| x.min(0.0)).collect()
     }
@@ -499,12 +562,13 @@ impl Trainer {
             metrics,
         } = prepared;
         let (rows, mut metrics) = (&rows[..], metrics.clone());
-        let micro = micro_batches(rows.len(), self.cfg.micro_batch_seqs);
         // With the search scoped to micro-batches, each computes its own
         // loss (bounds, statistics) from its own forward pass; otherwise
         // one loss over the step, from a no-grad pass first when there are
         // several micro-batches.
-        let per_micro = self.cfg.search_scope == SearchScope::MicroBatch && micro.len() > 1;
+        let scoped = self.cfg.search_scope == SearchScope::MicroBatch;
+        let micro = self.micro_batches(rows, scoped);
+        let per_micro = scoped && micro.len() > 1;
         let denoms = Denominators {
             l_const: self.l_const() as f64,
             ..Denominators::of(skel)
@@ -526,13 +590,14 @@ impl Trainer {
             entropy: 0.0,
             kl: vec![0.0; kl_terms.len()],
         };
+        metrics.extend(pass_metrics(&micro));
+        let mut peak_mem = None;
         let mut accum = GradientsAccumulator::<Transformer>::new();
-        for mb in &micro {
-            let rows = &rows[mb.clone()];
+        for rows in &micro {
             let tokens = self.tokens(rows, &self.device);
-            let logits = self.model.forward(tokens.clone(), &self.rope, None);
+            let (logits, kept) = self.logits_for_backward(tokens.clone());
             let (lp, entropy) =
-                next_token_logprobs_and_entropy(logits, tokens, self.cfg.temperature);
+                next_token_logprobs_and_entropy(logits, tokens.clone(), self.cfg.temperature);
             let grad = host.gradient(rows, &lp)?;
             let objective = self.objective(
                 rows,
@@ -542,8 +607,15 @@ impl Trainer {
                 &kl_terms,
                 &mut sums,
             );
-            let grads = GradientsParams::from_grads(objective.backward(), &self.model);
-            accum.accumulate(&self.model, grads);
+            // The pass's peak is near here: its activations are all alive.
+            peak_mem = peak_mem.max(self.device_memory());
+            let grads = objective.backward();
+            match kept {
+                None => {
+                    accum.accumulate(&self.model, GradientsParams::from_grads(grads, &self.model))
+                }
+                Some(kept) => self.backward_layers(kept, grads, tokens, &mut accum),
+            }
         }
         let (loss_out, batch) = host.finish()?;
         let seq_log_weights = seq_log_weights(rows, &batch);
@@ -551,6 +623,10 @@ impl Trainer {
         metrics.extend(ratio_metrics(&batch));
         metrics.extend(mismatch_metrics(&batch));
         metrics.insert(Metric::Entropy.into(), sums.entropy);
+        if let Some((in_use, reserved)) = peak_mem {
+            metrics.insert("device_mem_in_use_gib".into(), memory::gib(in_use));
+            metrics.insert("device_mem_reserved_gib".into(), memory::gib(reserved));
+        }
         for ((_, _, name), v) in kl_terms.iter().zip(sums.kl) {
             metrics.insert((*name).into(), v);
         }
@@ -561,6 +637,67 @@ impl Trainer {
             seq_log_weights,
             metrics,
         })
+    }
+
+    /// Logits `[batch, seq, vocab]` of `tokens` with their graph. With
+    /// `checkpoint_layers`, the layers run without a graph, keeping only
+    /// each layer's input, and the graph starts at the last layer's output
+    /// (the head's input); [`Trainer::backward_layers`] then recomputes
+    /// the layers one at a time.
+    fn logits_for_backward(&self, tokens: Tensor<2, Int>) -> (Tensor<3>, Option<Checkpoints>) {
+        if !self.cfg.checkpoint_layers {
+            return (self.model.forward(tokens, &self.rope, None), None);
+        }
+        let [b, t] = tokens.dims();
+        let valid = self.model.valid();
+        let mut inputs = vec![valid.embed(tokens.inner())];
+        for i in 0..valid.layers.len() {
+            let x = valid.layer(i, inputs[i].clone(), (b, t), &self.rope_plain);
+            inputs.push(x);
+        }
+        let top = inputs
+            .pop()
+            .expect("the embedding is kept")
+            .autodiff()
+            .require_grad();
+        let logits = self.model.head(top.clone());
+        let v = logits.dims()[1];
+        let kept = Checkpoints {
+            inputs,
+            top,
+            dims: (b, t),
+        };
+        (logits.reshape([b, t, v]), Some(kept))
+    }
+
+    /// The gradients of a checkpointed pass: the head's (`grads`, from the
+    /// objective), then each layer's, last to first, recomputed from its
+    /// kept input with the gradient of its output, then the embedding's.
+    fn backward_layers(
+        &self,
+        kept: Checkpoints,
+        grads: Gradients,
+        tokens: Tensor<2, Int>,
+        accum: &mut GradientsAccumulator<Transformer>,
+    ) {
+        let mut g = kept
+            .top
+            .grad(&grads)
+            .expect("the head's input is a tracked leaf");
+        accum.accumulate(&self.model, GradientsParams::from_grads(grads, &self.model));
+        for (i, x) in kept.inputs.into_iter().enumerate().rev() {
+            let x = x.autodiff().require_grad();
+            let out = self.model.layer(i, x.clone(), kept.dims, &self.rope);
+            let grads = out.mul(g).sum().backward();
+            g = x.grad(&grads).expect("a layer's input is a tracked leaf");
+            accum.accumulate(&self.model, GradientsParams::from_grads(grads, &self.model));
+        }
+        // A frozen embedding (LoRA) has no graph to go back through.
+        let embedded = self.model.embed(tokens);
+        if embedded.is_tracked() {
+            let grads = embedded.mul(g).sum().backward();
+            accum.accumulate(&self.model, GradientsParams::from_grads(grads, &self.model));
+        }
     }
 
     /// One micro-batch's objective: the surrogate `Σ sg(∂L/∂lp)·lp`, minus
@@ -629,6 +766,15 @@ impl Trainer {
                         index: i,
                         len,
                         max,
+                    });
+                }
+                let budget = self.cfg.micro_batch_tokens;
+                if budget > 0 && len > budget {
+                    return Err(TrainError::OverBudget {
+                        group: g.group_id.clone(),
+                        index: i,
+                        len,
+                        budget,
                     });
                 }
                 if max_response > 0 && s.response.len() > max_response {
@@ -730,7 +876,7 @@ impl Trainer {
         let [b, t] = lp.dims();
         let plain = self.device.clone().inner();
         let tokens_ref = self.tokens(rows, &plain);
-        let logits = reference.forward(tokens_ref.clone(), &self.plain_rope(), None);
+        let logits = reference.forward(tokens_ref.clone(), &self.rope_plain, None);
         let ref_lp = to_host(next_token_logprobs(
             logits,
             tokens_ref,
@@ -739,6 +885,29 @@ impl Trainer {
         let ref_lp = Tensor::<2>::from_data(TensorData::new(ref_lp, [b, t]), &self.device);
         let d = ref_lp.sub(lp);
         d.clone().exp().sub(d).sub_scalar(1.0).mul(mask).sum()
+    }
+
+    /// Bytes in use and reserved by the device's memory pools, where the
+    /// backend keeps pools (GPUs; not the CPU backend).
+    fn device_memory(&self) -> Option<(u64, u64)> {
+        let u = self.device.memory_pool_usage()?;
+        Some((u.bytes_in_use, u.bytes_reserved))
+    }
+
+    /// `rows` cut into forward/backward passes by `micro_batch_seqs` and
+    /// `micro_batch_tokens` (`micro.rs`); `in_order` keeps the rows'
+    /// order (a micro-batch-scoped loss).
+    fn micro_batches(&self, rows: &[Row], in_order: bool) -> Vec<Vec<Row>> {
+        let lens: Vec<usize> = rows.iter().map(|r| r.tokens.len()).collect();
+        let limits = micro::Limits {
+            seqs: self.cfg.micro_batch_seqs,
+            tokens: self.cfg.micro_batch_tokens,
+            in_order,
+        };
+        micro::plan(&lens, limits)
+            .into_iter()
+            .map(|p| p.into_iter().map(|i| rows[i].clone()).collect())
+            .collect()
     }
 
     fn tokens(&self, rows: &[Row], device: &Device) -> Tensor<2, Int> {
@@ -752,15 +921,6 @@ impl Trainer {
             })
             .collect();
         Policy::tokens(&padded, device)
-    }
-
-    fn plain_rope(&self) -> Rope {
-        Rope::new(
-            self.model_config.head_dim(),
-            self.model_config.rope_theta(),
-            self.model_config.max_position_embeddings,
-            &self.device.clone().inner(),
-        )
     }
 }
 
@@ -790,12 +950,22 @@ fn token_batch(skel: &TokenBatch, lp: Vec<f64>) -> Result<TokenBatch, TrainError
     )?)
 }
 
-/// Row ranges of `micro`-sequence micro-batches.
-fn micro_batches(rows: usize, micro: usize) -> Vec<Range<usize>> {
-    (0..rows)
-        .step_by(micro.max(1))
-        .map(|s| s..(s + micro.max(1)).min(rows))
-        .collect()
+/// How a step's passes were cut: their count, and the share of the
+/// tokens they computed on that was padding.
+fn pass_metrics(passes: &[Vec<Row>]) -> [(String, f64); 2] {
+    let (mut real, mut padded) = (0usize, 0usize);
+    for p in passes {
+        let longest = p.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
+        real += p.iter().map(|r| r.tokens.len()).sum::<usize>();
+        padded += p.len() * longest;
+    }
+    [
+        ("micro_batches".into(), passes.len() as f64),
+        (
+            "padding_fraction".into(),
+            1.0 - real as f64 / padded.max(1) as f64,
+        ),
+    ]
 }
 
 /// `groups` in `k` contiguous shares of whole groups, as even as can be

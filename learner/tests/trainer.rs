@@ -155,6 +155,156 @@ fn micro_batching_gives_the_same_loss_and_gradients() {
     assert!(max < 1e-5, "max embedding-gradient difference {max}");
 }
 
+/// A group of 4 responses of `lens` tokens (token 10 rewarded).
+fn ragged_group(behaviour: &Policy, id: u32, lens: [usize; 4]) -> bapo_learner::TrainGroup {
+    let mut g = group(behaviour, id, 0);
+    for (k, (s, len)) in g.sequences.iter_mut().zip(lens).enumerate() {
+        s.response = (0..len).map(|j| [10, 20, 22, 4][(j + k) % 4]).collect();
+        s.behavior_logprobs = logprobs(behaviour, &s.prompt, &s.response);
+        s.versions = vec![0; len];
+    }
+    g
+}
+
+/// The gradient of every weight named here, flattened.
+fn some_grads(t: &Trainer, back: &bapo_learner::trainer::Backward) -> Vec<f32> {
+    let m = t.model();
+    let layer = &m.layers[0];
+    let mut out: Vec<f32> = Vec::new();
+    for id in [
+        m.embed_tokens.weight.id,
+        layer.self_attn.q_proj.weight.id,
+        layer.mlp.down_proj.weight.id,
+    ] {
+        let g = back.grads.get::<2>(id).expect("a gradient");
+        out.extend(
+            g.into_data()
+                .convert::<f32>()
+                .try_into_vec::<f32>()
+                .unwrap(),
+        );
+    }
+    out
+}
+
+/// A token budget cuts a ragged batch into passes of like length: the
+/// loss and every gradient are the one-pass step's.
+#[test]
+fn a_token_budget_gives_the_same_loss_and_gradients() {
+    let stale = tiny_policy(18);
+    let groups = [
+        ragged_group(&stale, 0, [2, 11, 3, 9]),
+        ragged_group(&stale, 1, [12, 2, 6, 4]),
+        ragged_group(&stale, 2, [5, 5, 10, 3]),
+    ];
+    let one = Trainer::new(config("bapo"), tiny_policy(19), 0).unwrap();
+    let a = one.gradients(&groups).unwrap();
+    assert_eq!(a.metrics["micro_batches"], 1.0);
+    let mut cfg = config("bapo");
+    cfg.micro_batch_tokens = 40;
+    let budget = Trainer::new(cfg, one.policy(), 0).unwrap();
+    let b = budget.gradients(&groups).unwrap();
+    assert!(b.metrics["micro_batches"] > 3.0, "{:?}", b.metrics);
+    // Grouped by length, the passes pad less than the one pass does.
+    assert!(b.metrics["padding_fraction"] < a.metrics["padding_fraction"] / 2.0);
+    assert!((a.loss.loss - b.loss.loss).abs() < 1e-6);
+    assert_eq!(a.loss.metrics["c_high"], b.loss.metrics["c_high"]);
+    let (ga, gb) = (some_grads(&one, &a), some_grads(&budget, &b));
+    let max = ga
+        .iter()
+        .zip(&gb)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(max < 1e-5, "max gradient difference {max}");
+}
+
+/// Where each micro-batch computes its own loss, a budget keeps the rows
+/// in order: a budget of 4 rows of equal length is `micro_batch_seqs = 4`.
+#[test]
+fn a_token_budget_keeps_micro_batch_scoped_losses_in_order() {
+    use bapo_learner::config::SearchScope;
+    let stale = tiny_policy(20);
+    let groups: Vec<_> = (0..3).map(|i| group(&stale, i, 0)).collect();
+    let mut seqs = config("bapo");
+    seqs.search_scope = SearchScope::MicroBatch;
+    seqs.micro_batch_seqs = 4;
+    let mut tokens = seqs.clone();
+    tokens.micro_batch_seqs = 64;
+    // Prompt 3 + response 3 tokens: 4 rows are 24 padded tokens.
+    tokens.micro_batch_tokens = 24;
+    let by_seqs = Trainer::new(seqs, tiny_policy(21), 0).unwrap();
+    let by_tokens = Trainer::new(tokens, by_seqs.policy(), 0).unwrap();
+    let (a, b) = (
+        by_seqs.gradients(&groups).unwrap(),
+        by_tokens.gradients(&groups).unwrap(),
+    );
+    assert_eq!(b.metrics["micro_batches"], 3.0);
+    assert_eq!(a.loss.loss, b.loss.loss);
+    assert_eq!(a.loss.grad, b.loss.grad);
+}
+
+/// Layers recomputed one at a time in the backward pass give the loss and
+/// gradients of the plain pass (tied embedding: its gradient gathers the
+/// head's share and the embedding's), in full fine-tuning, under LoRA and
+/// with a KL penalty and an entropy bonus on the head.
+#[test]
+fn checkpointed_layers_give_the_same_loss_and_gradients() {
+    let stale = tiny_policy(22);
+    let groups = [
+        ragged_group(&stale, 0, [2, 7, 3, 5]),
+        ragged_group(&stale, 1, [6, 2, 4, 4]),
+    ];
+    let lora = bapo_policy::lora::LoraConfig::default();
+    for (name, lora) in [("full", None), ("lora", Some(lora))] {
+        let mut cfg = config("bapo");
+        cfg.lora = lora;
+        cfg.kl_coef = 0.05;
+        cfg.entropy_coef = 0.01;
+        cfg.micro_batch_seqs = 3;
+        let plain = Trainer::new(cfg.clone(), tiny_policy(23), 0).unwrap();
+        cfg.checkpoint_layers = true;
+        let ck = Trainer::new(cfg, plain.policy(), 0).unwrap();
+        let (a, b) = (
+            plain.gradients(&groups).unwrap(),
+            ck.gradients(&groups).unwrap(),
+        );
+        assert!((a.loss.loss - b.loss.loss).abs() < 1e-9, "{name}");
+        assert!((a.metrics["entropy"] - b.metrics["entropy"]).abs() < 1e-6);
+        let (ga, gb) = if name == "full" {
+            (some_grads(&plain, &a), some_grads(&ck, &b))
+        } else {
+            (lora_grads(&plain, &a), lora_grads(&ck, &b))
+        };
+        assert!(!ga.is_empty() && ga.iter().any(|&x| x != 0.0), "{name}");
+        let max = ga
+            .iter()
+            .zip(&gb)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(max < 1e-5, "{name}: max gradient difference {max}");
+    }
+}
+
+/// The gradients of layer 0's and the last layer's query adapters.
+fn lora_grads(t: &Trainer, back: &bapo_learner::trainer::Backward) -> Vec<f32> {
+    use bapo_policy::lora::Target;
+    let adapters = t.model().lora.as_ref().expect("adapters");
+    let mut out: Vec<f32> = Vec::new();
+    for layer in [&adapters.layers[0], adapters.layers.last().unwrap()] {
+        let pair = layer.get(Target::Q).expect("a query adapter");
+        for id in [pair.a.id, pair.b.id] {
+            let g = back.grads.get::<2>(id).expect("an adapter gradient");
+            out.extend(
+                g.into_data()
+                    .convert::<f32>()
+                    .try_into_vec::<f32>()
+                    .unwrap(),
+            );
+        }
+    }
+    out
+}
+
 #[test]
 fn bad_batches_are_refused_by_name() {
     let p = tiny_policy(8);

@@ -137,3 +137,31 @@ fn mixed_precision_trains_on_wgpu() {
     let weight = half.model().embed_tokens.weight.val();
     assert_eq!(weight.dtype(), bapo_policy::burn::tensor::DType::F32);
 }
+
+/// The memory features on a GPU backend: a step with layers checkpointed
+/// and a token budget equals the plain step (loss, gradient norm), and the
+/// device's memory pools are sampled into the step's metrics (the CPU
+/// backend keeps no pools, so this is its only test).
+#[test]
+fn checkpointed_budgeted_steps_on_wgpu_match_and_report_device_memory() {
+    let Some(gpu) = wgpu_for_test("checkpointed step on wgpu") else {
+        return;
+    };
+    let stale = tiny_policy(13);
+    let batch: Vec<_> = (0..3).map(|i| group(&stale, i, 0)).collect();
+    let start = tiny_policy(14);
+    let mut plain = Trainer::new(config("bapo"), moved(&start, &gpu), 0).unwrap();
+    let mut cfg = config("bapo");
+    cfg.checkpoint_layers = true;
+    cfg.micro_batch_tokens = 30;
+    let mut lean = Trainer::new(cfg, moved(&start, &gpu), 0).unwrap();
+    let want = plain.step(&batch).unwrap();
+    let got = lean.step(&batch).unwrap();
+    assert_step_close(&want, &got, 1e-4, "checkpointed, budgeted");
+    assert!(got.metrics["micro_batches"] > 1.0, "{:?}", got.metrics);
+    for r in [&want, &got] {
+        let used = r.metrics["device_mem_in_use_gib"];
+        let reserved = r.metrics["device_mem_reserved_gib"];
+        assert!(used > 0.0 && reserved >= used, "{used} of {reserved} GiB");
+    }
+}

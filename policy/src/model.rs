@@ -171,6 +171,25 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// The residual stream after this layer: `x` plus attention, plus the
+    /// MLP, on `[batch·seq, hidden]` rows.
+    fn forward(
+        &self,
+        x: Tensor<2>,
+        (b, t): (usize, usize),
+        rope: &Rope,
+        start: usize,
+        cache: Option<(&mut KvCache, usize)>,
+        lora: LayerLora<'_>,
+    ) -> Tensor<2> {
+        let h = norm(&self.input_layernorm, x.clone());
+        let x = x + self.self_attn.forward(h, (b, t), rope, start, cache, lora);
+        let h = self
+            .mlp
+            .forward(norm(&self.post_attention_layernorm, x.clone()), lora);
+        x + h
+    }
+
     fn init(c: &ModelConfig, device: &Device) -> Self {
         let norm = || {
             RmsNormConfig::new(c.hidden_size)
@@ -279,27 +298,11 @@ impl Transformer {
         // `[batch, seq, hidden]` Burn runs a batched matmul that re-packs
         // the weight for every sequence (measured: the LM head alone took
         // 16 packings of the embedding per training step at batch 16).
-        let mut x = self
-            .embed_tokens
-            .forward(tokens)
-            .reshape([b * t, self.embed_tokens.weight.dims()[1]])
-            .cast(self.compute.dtype());
+        let mut x = self.embed(tokens);
         for (i, layer) in self.layers.iter().enumerate() {
             let lora = self.lora.as_ref().map(|a| (a, &a.layers[i]));
-            let h = norm(&layer.input_layernorm, x.clone());
-            let h = layer.self_attn.forward(
-                h,
-                (b, t),
-                rope,
-                start,
-                cache.as_deref_mut().map(|c| (c, i)),
-                lora,
-            );
-            x = x + h;
-            let h = layer
-                .mlp
-                .forward(norm(&layer.post_attention_layernorm, x.clone()), lora);
-            x = x + h;
+            let cache = cache.as_deref_mut().map(|c| (c, i));
+            x = layer.forward(x, (b, t), rope, start, cache, lora);
         }
         if let Some(c) = cache {
             c.advance(t);
@@ -307,9 +310,27 @@ impl Transformer {
         x
     }
 
+    /// The embedded tokens `[batch, seq]` as `[batch·seq, hidden]` rows in
+    /// the compute dtype: the residual stream before the first layer.
+    pub fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<2> {
+        let [b, t] = tokens.dims();
+        self.embed_tokens
+            .forward(tokens)
+            .reshape([b * t, self.embed_tokens.weight.dims()[1]])
+            .cast(self.compute.dtype())
+    }
+
+    /// Layer `i` alone on the residual stream `x` of `batch` whole
+    /// sequences of `seq` tokens (no cache): what a pass that checkpoints
+    /// layers recomputes one at a time.
+    pub fn layer(&self, i: usize, x: Tensor<2>, (b, t): (usize, usize), rope: &Rope) -> Tensor<2> {
+        let lora = self.lora.as_ref().map(|a| (a, &a.layers[i]));
+        self.layers[i].forward(x, (b, t), rope, 0, None, lora)
+    }
+
     /// Final norm and LM head: `[rows, hidden]` → `[rows, vocab]`, in f32
     /// whatever the compute dtype (log-probs and sampling read them).
-    fn head(&self, x: Tensor<2>) -> Tensor<2> {
+    pub fn head(&self, x: Tensor<2>) -> Tensor<2> {
         let x = norm(&self.norm, x);
         let dt = x.dtype();
         let logits = match &self.lm_head {

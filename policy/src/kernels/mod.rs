@@ -136,6 +136,18 @@ fn fused<const D: usize>(x: &Tensor<D>) -> bool {
         )
 }
 
+/// Whether the fused kernels serve a model computing in `precision` on
+/// `device`; elsewhere the composed ops run, and attention keeps its
+/// `T × T` scores for the backward pass (the learner's memory estimate
+/// counts them).
+pub fn serve(device: &Device, precision: crate::Precision) -> bool {
+    precision == crate::Precision::F32
+        && matches!(
+            device.clone().without_autodiff().as_dispatch(),
+            DispatchDevice::Flex(_)
+        )
+}
+
 /// RMSNorm of each row of `x` `[rows, hidden]` with scale `gamma`.
 pub fn rms_norm(x: Tensor<2>, gamma: Tensor<1>, eps: f64) -> Tensor<2> {
     if !fused(&x) {
