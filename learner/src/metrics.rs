@@ -30,10 +30,16 @@ pub const MISMATCH_OUTSIDE: &str = "bapo_learner_mismatch_outside_fraction";
 pub const BAD_GROUPS: &str = "bapo_learner_bad_groups_total";
 /// Label `reason`: `temperature` (sampled at another temperature).
 pub const GROUPS_REFUSED: &str = "bapo_learner_groups_refused_total";
+/// Updates skipped for a non-finite loss or gradient norm.
+pub const NONFINITE_UPDATES: &str = "bapo_learner_nonfinite_updates_total";
 
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(STEPS, "Optimiser steps taken");
+    describe_counter!(
+        NONFINITE_UPDATES,
+        "Updates skipped for a non-finite loss or gradient norm (three in a row stop the learner)"
+    );
     describe_gauge!(POLICY_VERSION, "Policy version after the latest step");
     describe_gauge!(LOSS, "Policy loss of the latest step");
     describe_gauge!(ENTROPY, "Mean token entropy of the latest batch");

@@ -126,15 +126,39 @@ pub async fn run<F: Future<Output = ()>>(
             .collect();
         let (t, result) = step_off_thread(trainer, train).await?;
         trainer = t;
-        let reports = match result {
+        let mut reports = match result {
             Ok(r) if !r.is_empty() => r,
             Ok(_) => continue,
+            // Stop before anything non-finite is published or checkpointed:
+            // the weights are the last finite ones, already saved or not.
+            Err(e @ TrainError::NonFinite { .. }) => {
+                counter!(names::NONFINITE_UPDATES).increment(1);
+                return Err(anyhow::anyhow!("learner stopped: {e}"));
+            }
             Err(e) => {
                 counter!(names::BAD_GROUPS).increment(groups.len() as u64);
                 tracing::error!("training step refused its batch: {e}");
                 continue;
             }
         };
+        // A skipped update changed nothing: counted, logged, and neither
+        // recorded as a step nor reported, published or checkpointed.
+        reports.retain(|r| {
+            let skipped = r.metrics.contains_key("nonfinite_skipped");
+            if skipped {
+                counter!(names::NONFINITE_UPDATES).increment(1);
+                tracing::error!(
+                    step = r.step,
+                    "update skipped: non-finite loss {} or gradient norm {}",
+                    r.loss,
+                    r.metrics.get("grad_norm").copied().unwrap_or(f64::NAN)
+                );
+            }
+            !skipped
+        });
+        if reports.is_empty() {
+            continue;
+        }
         for (i, report) in reports.iter().enumerate() {
             // The batch's staleness once, at its first update.
             names::record_step(report, if i == 0 { &staleness } else { &[] });

@@ -81,6 +81,18 @@ pub enum TrainError {
     },
     #[error("the batch holds no sequence to train on")]
     Empty,
+    /// Updates whose loss or gradient was not finite, several in a row:
+    /// training cannot go on from these weights on this data.
+    #[error(
+        "{in_a_row} updates in a row had a non-finite loss ({loss}) or gradient norm \
+         ({grad_norm}); none was applied, and the learner stops on its last finite weights \
+         (look for rewards of extreme size, or lower learner.lr)"
+    )]
+    NonFinite {
+        loss: f64,
+        grad_norm: f64,
+        in_a_row: u32,
+    },
     /// A step the device cannot hold, by the estimate (`memory.rs`).
     #[error("memory: {0}")]
     Memory(String),
@@ -197,7 +209,14 @@ pub struct Trainer {
     remix: Option<RemixRun>,
     /// [`lora::fingerprint`] of the frozen base under LoRA; 0 without.
     base_fingerprint: u64,
+    /// Updates skipped in a row for a non-finite loss or gradient.
+    nonfinite_in_a_row: u32,
 }
+
+/// Non-finite updates in a row after which the learner stops
+/// ([`TrainError::NonFinite`]): one is skipped and counted (a freak
+/// batch), three mean the weights or the data are broken.
+pub const NONFINITE_LIMIT: u32 = 3;
 
 /// `model` (autodiff form) ready for `cfg`: under `[learner.lora]` its base
 /// frozen and adapters, fresh or restored, the only trainable weights;
@@ -335,6 +354,7 @@ impl Trainer {
             spear,
             remix,
             base_fingerprint,
+            nonfinite_in_a_row: 0,
         })
     }
 
@@ -433,7 +453,7 @@ impl Trainer {
         for epoch in 0..self.cfg.epochs {
             for (k, p) in prepared.iter().enumerate() {
                 let t0 = Instant::now();
-                let mut r = self.apply(self.backward(p)?, t0);
+                let mut r = self.apply(self.backward(p)?, t0)?;
                 r.metrics.insert("epoch".into(), epoch as f64);
                 r.metrics.insert("mini_batch".into(), k as f64);
                 reports.push(r);
@@ -441,7 +461,7 @@ impl Trainer {
             if let Some((parts, loss)) = &replay {
                 for (k, p) in parts.iter().enumerate() {
                     let t0 = Instant::now();
-                    let mut r = self.apply(self.backward_with(p, loss.as_ref(), false)?, t0);
+                    let mut r = self.apply(self.backward_with(p, loss.as_ref(), false)?, t0)?;
                     r.metrics.insert("epoch".into(), epoch as f64);
                     r.metrics.insert("spear_replay".into(), 1.0);
                     r.metrics.insert("spear_replay_mini_batch".into(), k as f64);
@@ -463,7 +483,14 @@ impl Trainer {
     }
 
     /// One optimiser update with `back`'s gradients; advances the version.
-    pub fn apply(&mut self, back: Backward, t0: Instant) -> StepReport {
+    ///
+    /// A non-finite loss or gradient norm skips the update (weights,
+    /// optimiser state, step and version unchanged; `nonfinite_skipped`
+    /// in the report): applied, it would turn every weight NaN, and the
+    /// NaN weights would be broadcast and checkpointed. The
+    /// [`NONFINITE_LIMIT`]th in a row is an error that stops the learner,
+    /// whose weights and checkpoints are then still the last finite ones.
+    pub fn apply(&mut self, back: Backward, t0: Instant) -> Result<StepReport, TrainError> {
         let Backward {
             mut grads,
             loss,
@@ -473,6 +500,29 @@ impl Trainer {
         } = back;
         let (norm_before, norm_after) =
             clip_global_norm(&self.model, &mut grads, self.cfg.max_grad_norm);
+        metrics.insert(Metric::GradNorm.into(), norm_before);
+        if !(norm_before.is_finite() && loss.loss.is_finite()) {
+            self.nonfinite_in_a_row += 1;
+            if self.nonfinite_in_a_row >= NONFINITE_LIMIT {
+                return Err(TrainError::NonFinite {
+                    loss: loss.loss,
+                    grad_norm: norm_before,
+                    in_a_row: self.nonfinite_in_a_row,
+                });
+            }
+            metrics.insert("nonfinite_skipped".into(), 1.0);
+            return Ok(StepReport {
+                step: self.step,
+                version: self.version,
+                loss: loss.loss,
+                lr: 0.0,
+                sequences: seq_log_weights.len(),
+                tokens: batch.len(),
+                seconds: t0.elapsed().as_secs_f64(),
+                metrics,
+            });
+        }
+        self.nonfinite_in_a_row = 0;
         let mut lr = self.cfg.schedule().at(self.step);
         if self.cfg.vcpo {
             let scale = lr_scale(&seq_log_weights, RHO_BASE, LrRule::Sqrt);
@@ -482,9 +532,8 @@ impl Trainer {
         self.model = self.optim.step(lr, self.model.clone(), grads);
         self.step += 1;
         self.version += 1;
-        metrics.insert(Metric::GradNorm.into(), norm_before);
         metrics.insert("grad_norm_clipped".into(), norm_after);
-        StepReport {
+        Ok(StepReport {
             step: self.step,
             version: self.version,
             loss: loss.loss,
@@ -493,7 +542,7 @@ impl Trainer {
             tokens: batch.len(),
             seconds: t0.elapsed().as_secs_f64(),
             metrics,
-        }
+        })
     }
 
     /// The loss of `groups` under the current weights and its gradient with

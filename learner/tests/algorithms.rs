@@ -168,7 +168,7 @@ fn the_second_update_clips_against_the_proximal_policy() {
     }
     let first = t.backward(&p).unwrap();
     assert!(max_dev_from_one(&first.batch) < 1e-4);
-    let r1 = t.apply(first, Instant::now());
+    let r1 = t.apply(first, Instant::now()).unwrap();
     assert_eq!((r1.step, r1.version), (1, 1));
 
     let second = t.backward(&p).unwrap();
@@ -200,7 +200,7 @@ fn the_second_update_clips_against_the_proximal_policy() {
         }
     }
     assert!(clipped > 0 && free > 0, "{clipped} clipped, {free} not");
-    let r2 = t.apply(second, Instant::now());
+    let r2 = t.apply(second, Instant::now()).unwrap();
     assert_eq!(r2.version, 2);
 }
 
@@ -241,7 +241,7 @@ fn steps_report_the_mismatch_between_learner_and_actor() {
     let mut t = Trainer::new(config("bapo"), tiny_policy(48), 0).unwrap();
     let back = t.gradients(&gs).unwrap();
     let want = mismatch_metrics(&back.batch);
-    let r = t.apply(back, Instant::now());
+    let r = t.apply(back, Instant::now()).unwrap();
     for k in ["mismatch_kl_k3", "mismatch_ess", "mismatch_outside_frac"] {
         assert_eq!(r.metrics[k], want[k], "{k}");
     }

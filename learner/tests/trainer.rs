@@ -466,3 +466,36 @@ fn observation_tokens_carry_no_gradient() {
     assert_ne!(loss, loss3, "trained as the model's, they count");
     assert_ne!(grads, grads3);
 }
+
+/// Rewards at f32's limits under Dr. GRPO's unnormalised advantages
+/// overflow the loss's gradient: the update is skipped (weights, step and
+/// version unchanged) and reported; the third in a row is an error that
+/// names the cause, and the weights are still the last finite ones.
+#[test]
+fn non_finite_updates_are_skipped_then_stop_the_learner() {
+    use bapo_learner::{advantage::Estimator, trainer::TrainError};
+    let p = tiny_policy(24);
+    let mut g = group(&p, 0, 0);
+    for (i, s) in g.sequences.iter_mut().enumerate() {
+        s.reward = if i % 2 == 0 { f32::MAX } else { -f32::MAX };
+    }
+    let mut cfg = config("grpo");
+    cfg.advantage = Some(Estimator::DrGrpo);
+    let mut t = Trainer::new(cfg, p, 5).unwrap();
+    let before = logprobs(&t.policy(), &g.sequences[0].prompt, &[10, 10, 4]);
+    for _ in 0..2 {
+        let r = t.step(std::slice::from_ref(&g)).unwrap();
+        assert_eq!(r.metrics["nonfinite_skipped"], 1.0, "{:?}", r.metrics);
+        assert_eq!((r.step, r.version), (0, 5));
+    }
+    let e = t.step(std::slice::from_ref(&g)).unwrap_err();
+    assert!(
+        matches!(e, TrainError::NonFinite { in_a_row: 3, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("non-finite"), "{e}");
+    let after = logprobs(&t.policy(), &g.sequences[0].prompt, &[10, 10, 4]);
+    assert_eq!(before, after);
+    assert!(after.iter().all(|x| x.is_finite()));
+    assert_eq!((t.steps_done(), t.version()), (0, 5));
+}
