@@ -23,8 +23,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bapo_learner::{LearnerConfig, TrainGroup, Trainer, broadcast::WeightHub, rollouts::Sequence};
-use bapo_policy::{ModelConfig, Policy, burn::prelude::*, lora::LoraConfig, weights::Encoding};
+use bapo_learner::{
+    LearnerConfig, StepReport, TrainGroup, Trainer, broadcast::WeightHub, flops, memory,
+    rollouts::Sequence,
+};
+use bapo_policy::{
+    ComputeDevice, ModelConfig, Policy, Precision, lora::LoraConfig, weights::Encoding,
+};
 use clap::Args;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
@@ -53,6 +58,35 @@ pub struct LearnerBenchArgs {
     /// full fine-tuning only.
     #[arg(long, default_value_t = 16)]
     pub lora_rank: usize,
+    /// Only the LoRA phase (no full fine-tuning after it).
+    #[arg(long)]
+    pub lora_only: bool,
+    /// `cpu`, `wgpu` or `cuda` (what the binary was built with).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Compute dtype: `f32`, `f16` or `bf16`; master weights stay f32.
+    #[arg(long, default_value = "f32")]
+    pub precision: String,
+    /// Padded tokens per forward/backward pass (`[learner]
+    /// micro_batch_tokens`); 0: by `--micro-batch-seqs` only.
+    #[arg(long, default_value_t = 0)]
+    pub micro_batch_tokens: usize,
+    /// Recompute layers in the backward pass (`[learner] checkpoint_layers`).
+    #[arg(long)]
+    pub checkpoint_layers: bool,
+    /// The device's peak in TFLOP/s for model FLOPs utilisation (an H100
+    /// SXM: 989.4 dense f16/bf16, 494.7 TF32); 0: not printed.
+    #[arg(long, default_value_t = 0.0)]
+    pub peak_tflops: f64,
+    /// Also print one JSON line per phase (for scripts/device/).
+    #[arg(long)]
+    pub json: bool,
+    /// Print, instead of running, the memory estimate of this shape on a
+    /// GPU of this many GiB (f16 compute, attention scores kept) at
+    /// several sequence lengths, full and LoRA, with and without
+    /// `checkpoint_layers`: what fits.
+    #[arg(long)]
+    pub fit_table: Option<f64>,
 }
 
 /// Random tokens, rewards alternating right and wrong, behaviour
@@ -94,16 +128,22 @@ fn reset_peak_rss() {
 
 pub fn run(a: LearnerBenchArgs) -> anyhow::Result<()> {
     let config = super::model_config(&a.config)?;
+    if let Some(gib) = a.fit_table {
+        fit_table(&a, &config, gib);
+        return Ok(());
+    }
     let tokens = a.groups as usize * a.group_size * (a.prompt + a.response);
     println!(
-        "bapo bench learner: {} ({:.1} M parameters), {} groups x {} x ({} + {}) tokens, micro-batches of {} sequences",
+        "bapo bench learner: {} ({:.1} M parameters), {} groups x {} x ({} + {}) tokens, micro-batches of {} sequences, {} in {}",
         a.config,
         config.num_params() as f64 / 1e6,
         a.groups,
         a.group_size,
         a.prompt,
         a.response,
-        a.micro_batch_seqs
+        a.micro_batch_seqs,
+        a.device,
+        a.precision
     );
     if a.lora_rank > 0 {
         let lora = LoraConfig {
@@ -116,55 +156,197 @@ pub fn run(a: LearnerBenchArgs) -> anyhow::Result<()> {
             a.lora_rank
         );
         let trainer = phase(&a, &config, Some(lora), tokens)?;
+        if a.lora_only {
+            return Ok(());
+        }
         broadcast_bytes(&trainer)?;
         drop(trainer);
         reset_peak_rss();
         println!("-- reference: full fine-tuning");
     }
     let trainer = phase(&a, &config, None, tokens)?;
+    if a.device != "cpu" {
+        // The publish numbers below are host work: measured on the CPU.
+        return Ok(());
+    }
     broadcast_bytes(&trainer)?;
     publish_numbers(&trainer)
 }
 
-/// One untimed and `a.steps` timed learner steps; prints their times and
-/// the phase's peak memory.
+/// The policy at `config`'s shape, random, on the asked device and dtype.
+fn policy(a: &LearnerBenchArgs, config: &ModelConfig) -> anyhow::Result<Policy> {
+    let precision: Precision = a.precision.parse()?;
+    let kind: ComputeDevice = a.device.parse()?;
+    let device = kind.device_for(precision)?;
+    if let Some(adapter) = kind.adapter() {
+        println!("adapter: {adapter}");
+    }
+    let mut policy = Policy::init(config.clone(), &device);
+    policy.model = policy.model.with_precision(precision);
+    Ok(policy)
+}
+
+/// One untimed and `a.steps` timed learner steps; prints their times,
+/// the phase's peak memory beside the estimate, and its FLOPs use.
 fn phase(
     a: &LearnerBenchArgs,
     config: &ModelConfig,
     lora: Option<LoraConfig>,
     tokens: usize,
 ) -> anyhow::Result<Trainer> {
-    let policy = Policy::init(config.clone(), &Device::flex());
+    let policy = policy(a, config)?;
+    let precision = policy.model.compute;
     let cfg = LearnerConfig {
         algo: "bapo".into(),
         batch_groups: a.groups,
         micro_batch_seqs: a.micro_batch_seqs,
+        micro_batch_tokens: a.micro_batch_tokens,
+        checkpoint_layers: a.checkpoint_layers,
         max_response_tokens: a.response,
         lora,
         ..Default::default()
     };
-    let mut trainer = Trainer::new(cfg, policy, 0)?;
+    let attention = match bapo_policy::kernels::serve(&policy.device(), precision) {
+        true => memory::Attention::Fused,
+        false => memory::Attention::Scores,
+    };
+    // The estimate of this batch's own passes: its sequences are all
+    // `prompt + response` long.
+    let mut shaped = config.clone();
+    shaped.max_position_embeddings = a.prompt + a.response;
+    let estimate = memory::estimate(&shaped, &cfg, precision, attention);
+    let mut trainer = Trainer::new(cfg.clone(), policy, 0)?;
     let batch = groups(a, config.vocab_size as u32);
     let t0 = Instant::now();
     trainer.step(&batch)?;
     println!("untimed first step: {:.1} s", t0.elapsed().as_secs_f64());
+    let mut times = Vec::new();
+    let mut last = None;
     for _ in 0..a.steps {
         let t0 = Instant::now();
         let r = trainer.step(&batch)?;
         let s = t0.elapsed().as_secs_f64();
         println!(
-            "step {}: {s:.1} s, {:.0} tok/s (trained response tokens {}), loss {:.4}",
+            "step {}: {s:.2} s, {:.0} tok/s (trained response tokens {}), loss {:.4}",
             r.step,
             tokens as f64 / s,
             r.tokens,
             r.loss
         );
+        times.push(s);
+        last = Some(r);
     }
-    match peak_rss_gb() {
-        Some(gb) => println!("peak resident memory: {gb:.2} GB"),
-        None => println!("peak resident memory: unknown (no /proc/self/status)"),
+    let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
+    let peak = peak_memory(a, last.as_ref());
+    let flops = flops::per_token(config, cfg.lora.as_ref(), a.prompt + a.response);
+    let mfu = (a.peak_tflops > 0.0).then(|| flops * tokens as f64 / mean / (a.peak_tflops * 1e12));
+    println!(
+        "estimated step memory: {}; measured peak {}",
+        estimate.describe(),
+        peak.describe()
+    );
+    if let Some(m) = mfu {
+        println!(
+            "model FLOPs: {:.2} GFLOP per token, {:.1}% of {} TFLOP/s",
+            flops / 1e9,
+            100.0 * m,
+            a.peak_tflops
+        );
+    }
+    if a.json {
+        let line = serde_json::json!({
+            "impl": "bapo",
+            "config": a.config,
+            "mode": if cfg.lora.is_some() { "lora" } else { "full" },
+            "dtype": a.precision,
+            "device": a.device,
+            "params": config.num_params(),
+            "trainable": memory::trainable_params(config, cfg.lora.as_ref()),
+            "tokens_per_step": tokens,
+            "step_s": times,
+            "tokens_per_s": tokens as f64 / mean,
+            "peak_mem_gb": peak.in_use_gb,
+            "reserved_gb": peak.reserved_gb,
+            "estimate_gb": estimate.total() as f64 / 1e9,
+            "flops_per_token": flops,
+            "mfu": mfu,
+            "micro_batch_tokens": a.micro_batch_tokens,
+            "checkpoint_layers": a.checkpoint_layers,
+            "loss": last.as_ref().map(|r| r.loss),
+        });
+        println!("{line}");
     }
     Ok(trainer)
+}
+
+/// The estimate's verdict at sequence lengths 2k, 8k and 32k, each pass
+/// a budget of `max(length, 16k)` tokens: one markdown row per length,
+/// mode and checkpointing.
+fn fit_table(a: &LearnerBenchArgs, config: &ModelConfig, gib: f64) {
+    println!(
+        "| {} | sequence | pass tokens | checkpoint_layers | estimate (GiB) | fits {gib} GiB |",
+        a.config
+    );
+    println!("|---|---|---|---|---|---|");
+    let capacity = (gib * (1u64 << 30) as f64) as u64;
+    for seq in [2048, 8192, 32768] {
+        for lora in [None, Some(LoraConfig::default())] {
+            for checkpoint_layers in [false, true] {
+                let mut shaped = config.clone();
+                shaped.max_position_embeddings = seq;
+                let cfg = LearnerConfig {
+                    micro_batch_tokens: seq.max(16384),
+                    checkpoint_layers,
+                    lora: lora.clone(),
+                    ..Default::default()
+                };
+                let (p, at) = (Precision::F16, memory::Attention::Scores);
+                let e = memory::estimate(&shaped, &cfg, p, at);
+                let fits = memory::check(&e, &cfg, capacity, &shaped, p, at).is_ok();
+                println!(
+                    "| {} | {seq} | {} | {checkpoint_layers} | {:.1} | {} |",
+                    if lora.is_some() { "LoRA r16" } else { "full" },
+                    e.pass_tokens,
+                    memory::gib(e.total()),
+                    if fits { "yes" } else { "no" }
+                );
+            }
+        }
+    }
+}
+
+/// A phase's peak memory: the device pools' (sampled at each pass's
+/// peak) on a GPU, the process's resident set on the CPU; GB (1e9).
+struct Peak {
+    in_use_gb: Option<f64>,
+    reserved_gb: Option<f64>,
+}
+
+impl Peak {
+    fn describe(&self) -> String {
+        match (self.in_use_gb, self.reserved_gb) {
+            (Some(u), Some(r)) => format!("{u:.2} GB in use, {r:.2} GB reserved on the device"),
+            (Some(u), None) => format!("{u:.2} GB resident (the process)"),
+            _ => "unknown".into(),
+        }
+    }
+}
+
+fn peak_memory(a: &LearnerBenchArgs, last: Option<&StepReport>) -> Peak {
+    let gb = |key: &str| {
+        last.and_then(|r| r.metrics.get(key))
+            .map(|gib| gib * (1u64 << 30) as f64 / 1e9)
+    };
+    match (a.device.as_str(), gb("device_mem_in_use_gib")) {
+        ("cpu", _) | (_, None) => Peak {
+            in_use_gb: peak_rss_gb(),
+            reserved_gb: None,
+        },
+        (_, in_use) => Peak {
+            in_use_gb: in_use,
+            reserved_gb: gb("device_mem_reserved_gib"),
+        },
+    }
 }
 
 /// The bytes one broadcast carries (f32): adapters under LoRA, the model

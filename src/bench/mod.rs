@@ -12,6 +12,7 @@ pub mod episodes;
 mod latency;
 pub mod learner;
 pub mod model;
+pub mod parity;
 mod redis_streams;
 pub mod soak;
 pub mod weights;
@@ -35,6 +36,9 @@ pub enum BenchCommand {
     /// The policy's training step and cached generation, beside JAX and
     /// PyTorch.
     Model(model::ModelBenchArgs),
+    /// Logits, log-probs and gradients beside a PyTorch reference file on
+    /// the same weights (scripts/device/torch_parity.py).
+    Parity(parity::ParityArgs),
     /// The whole loop at full speed for minutes, watching every process's
     /// memory (not in CI).
     Soak(soak::SoakArgs),
@@ -54,6 +58,9 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Model(args) => tokio::task::spawn_blocking(move || model::run(args)).await?,
         BenchCommand::Learner(args) => {
             tokio::task::spawn_blocking(move || learner::run(args)).await?
+        }
+        BenchCommand::Parity(args) => {
+            tokio::task::spawn_blocking(move || parity::run(args)).await?
         }
         BenchCommand::Soak(args) => soak::run(args).await,
         BenchCommand::Weights(args) => {
