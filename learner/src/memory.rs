@@ -261,30 +261,21 @@ pub fn host_memory() -> Option<u64> {
 mod tests {
     use super::*;
 
-    /// Qwen2.5-0.5B's shape (scripts/device/configs/qwen2.5-0.5b.json).
+    /// Qwen2.5-0.5B's shape, from its committed config.json.
     fn qwen_05b() -> ModelConfig {
-        let mut c = ModelConfig::preset("tiny").unwrap();
-        c.hidden_size = 896;
-        c.intermediate_size = 4864;
-        c.num_hidden_layers = 24;
-        c.num_attention_heads = 14;
-        c.num_key_value_heads = Some(2);
-        c.vocab_size = 151_936;
-        c.max_position_embeddings = 32_768;
-        c.tie_word_embeddings = true;
-        c
+        ModelConfig::from_hf_json(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scripts/device/configs/qwen2.5-0.5b.json"
+        )))
+        .unwrap()
     }
 
     #[test]
     fn the_parts_are_counted_by_hand_on_a_tiny_shape() {
         let mut m = ModelConfig::preset("tiny").unwrap();
-        m.hidden_size = 8;
-        m.intermediate_size = 16;
-        m.num_hidden_layers = 1;
-        m.num_attention_heads = 2;
-        m.num_key_value_heads = Some(1);
-        m.vocab_size = 10;
-        m.max_position_embeddings = 4;
+        (m.hidden_size, m.intermediate_size, m.vocab_size) = (8, 16, 10);
+        (m.num_hidden_layers, m.num_attention_heads) = (1, 2);
+        (m.num_key_value_heads, m.max_position_embeddings) = (Some(1), 4);
         m.tie_word_embeddings = true;
         // head_dim 4: q 8, kv 4. Per token and layer, f32 (c = 4):
         // norms 2 (32 + 32) = 128; attn 4 (2 (8 + 4) + 4 + 8) + 8 = 152;

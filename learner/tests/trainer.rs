@@ -176,15 +176,21 @@ fn some_grads(t: &Trainer, back: &bapo_learner::trainer::Backward) -> Vec<f32> {
         layer.self_attn.q_proj.weight.id,
         layer.mlp.down_proj.weight.id,
     ] {
-        let g = back.grads.get::<2>(id).expect("a gradient");
-        out.extend(
-            g.into_data()
-                .convert::<f32>()
-                .try_into_vec::<f32>()
-                .unwrap(),
-        );
+        out.extend(grad_of(back, id));
     }
     out
+}
+
+/// The gradient of parameter `id` in `back`, flattened.
+fn grad_of(
+    back: &bapo_learner::trainer::Backward,
+    id: bapo_policy::burn::module::ParamId,
+) -> Vec<f32> {
+    let g = back.grads.get::<2>(id).expect("a gradient");
+    g.into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .unwrap()
 }
 
 /// A token budget cuts a ragged batch into passes of like length: the
@@ -293,13 +299,7 @@ fn lora_grads(t: &Trainer, back: &bapo_learner::trainer::Backward) -> Vec<f32> {
     for layer in [&adapters.layers[0], adapters.layers.last().unwrap()] {
         let pair = layer.get(Target::Q).expect("a query adapter");
         for id in [pair.a.id, pair.b.id] {
-            let g = back.grads.get::<2>(id).expect("an adapter gradient");
-            out.extend(
-                g.into_data()
-                    .convert::<f32>()
-                    .try_into_vec::<f32>()
-                    .unwrap(),
-            );
+            out.extend(grad_of(back, id));
         }
     }
     out
