@@ -59,7 +59,7 @@ bench() { # shape, mode, bapo seconds
     local lora=(--lora-rank 0)
     [ "$mode" = lora ] && lora=(--lora-rank 16 --lora-only)
     step "bapo-$1-$mode" "$3" "$B" bench learner --config "$cfg" --device wgpu --precision f16 \
-        "${lora[@]}" "${shape_args[@]}" --peak-tflops 989.4 --json
+        "${lora[@]}" "${shape_args[@]}" --peak-tflops 989.4 --device-memory-gib 79 --json
 }
 bench qwen2.5-0.5b full 150
 bench qwen2.5-0.5b lora 120
@@ -67,13 +67,18 @@ bench smollm2-135m full 90
 bench qwen2.5-1.5b full 180
 bench qwen2.5-1.5b lora 150
 
-# 3. 7B LoRA: does it fit an 80 GB card? PyTorch measured; bapo refuses
-# or runs by its estimate.
+# 3. 7B LoRA, and 7B full fine-tuning: do they fit an 80 GB card (79 GiB
+# usable)? PyTorch measured; bapo refuses or runs by its estimate.
 step torch-qwen2.5-7b-lora 150 python3 scripts/device/torch_learner.py \
     --config $C/qwen2.5-7b.json --mode lora --dtype f16 "${shape_args[@]}" --steps 2
 step bapo-qwen2.5-7b-lora 200 "$B" bench learner --config $C/qwen2.5-7b.json --device wgpu \
     --precision f16 --lora-rank 16 --lora-only "${shape_args[@]}" --steps 2 \
-    --peak-tflops 989.4 --json
+    --peak-tflops 989.4 --device-memory-gib 79 --json
+
+step torch-qwen2.5-7b-full 90 python3 scripts/device/torch_learner.py \
+    --config $C/qwen2.5-7b.json --mode full --dtype f16 "${shape_args[@]}" --steps 1
+step bapo-qwen2.5-7b-full 60 "$B" bench learner --config $C/qwen2.5-7b.json --device wgpu \
+    --precision f16 --lora-rank 0 "${shape_args[@]}" --steps 1 --device-memory-gib 79 --json
 
 # 4. A short run of the whole loop on the GPU.
 step bapo-run 120 "$B" run --quiet --device wgpu --steps 12 --out /tmp/run

@@ -81,6 +81,11 @@ pub struct LearnerBenchArgs {
     /// Also print one JSON line per phase (for scripts/device/).
     #[arg(long)]
     pub json: bool,
+    /// The device's memory in GiB: a phase the estimate says cannot fit
+    /// is refused, by name and with the numbers, instead of run (what the
+    /// learner does at start with `device_memory_gib`).
+    #[arg(long)]
+    pub device_memory_gib: Option<f64>,
     /// Print, instead of running, the memory estimate of this shape on a
     /// GPU of this many GiB (f16 compute, attention scores kept) at
     /// several sequence lengths, full and LoRA, with and without
@@ -159,12 +164,16 @@ pub fn run(a: LearnerBenchArgs) -> anyhow::Result<()> {
         if a.lora_only {
             return Ok(());
         }
-        broadcast_bytes(&trainer)?;
+        if let Some(t) = &trainer {
+            broadcast_bytes(t)?;
+        }
         drop(trainer);
         reset_peak_rss();
         println!("-- reference: full fine-tuning");
     }
-    let trainer = phase(&a, &config, None, tokens)?;
+    let Some(trainer) = phase(&a, &config, None, tokens)? else {
+        return Ok(());
+    };
     if a.device != "cpu" {
         // The publish numbers below are host work: measured on the CPU.
         return Ok(());
@@ -187,15 +196,15 @@ fn policy(a: &LearnerBenchArgs, config: &ModelConfig) -> anyhow::Result<Policy> 
 }
 
 /// One untimed and `a.steps` timed learner steps; prints their times,
-/// the phase's peak memory beside the estimate, and its FLOPs use.
+/// the phase's peak memory beside the estimate, and its FLOPs use. `None`
+/// when `--device-memory-gib` refuses the phase by the estimate.
 fn phase(
     a: &LearnerBenchArgs,
     config: &ModelConfig,
     lora: Option<LoraConfig>,
     tokens: usize,
-) -> anyhow::Result<Trainer> {
-    let policy = policy(a, config)?;
-    let precision = policy.model.compute;
+) -> anyhow::Result<Option<Trainer>> {
+    let precision: Precision = a.precision.parse()?;
     let cfg = LearnerConfig {
         algo: "bapo".into(),
         batch_groups: a.groups,
@@ -206,16 +215,21 @@ fn phase(
         lora,
         ..Default::default()
     };
-    let attention = match bapo_policy::kernels::serve(&policy.device(), precision) {
-        true => memory::Attention::Fused,
-        false => memory::Attention::Scores,
+    let estimate = match admit(a, config, &cfg, precision) {
+        Ok(e) => e,
+        Err(refusal) => {
+            println!("refused by the estimate: {refusal}");
+            if a.json {
+                let line = serde_json::json!({
+                    "impl": "bapo", "config": a.config, "mode": mode(&cfg),
+                    "dtype": a.precision, "refused": refusal,
+                });
+                println!("{line}");
+            }
+            return Ok(None);
+        }
     };
-    // The estimate of this batch's own passes: its sequences are all
-    // `prompt + response` long.
-    let mut shaped = config.clone();
-    shaped.max_position_embeddings = a.prompt + a.response;
-    let estimate = memory::estimate(&shaped, &cfg, precision, attention);
-    let mut trainer = Trainer::new(cfg.clone(), policy, 0)?;
+    let mut trainer = Trainer::new(cfg.clone(), policy(a, config)?, 0)?;
     let batch = groups(a, config.vocab_size as u32);
     let t0 = Instant::now();
     trainer.step(&batch)?;
@@ -236,8 +250,56 @@ fn phase(
         times.push(s);
         last = Some(r);
     }
+    report(a, config, &cfg, &estimate, &times, last.as_ref());
+    Ok(Some(trainer))
+}
+
+fn mode(cfg: &LearnerConfig) -> &'static str {
+    if cfg.lora.is_some() { "lora" } else { "full" }
+}
+
+/// The estimate of this batch's own passes (its sequences are all
+/// `prompt + response` long), or why `--device-memory-gib` refuses it.
+fn admit(
+    a: &LearnerBenchArgs,
+    config: &ModelConfig,
+    cfg: &LearnerConfig,
+    precision: Precision,
+) -> Result<memory::MemoryEstimate, String> {
+    // The fused CPU kernels keep no scores: f32 on the CPU only.
+    let attention = match (a.device.as_str(), precision) {
+        ("cpu", Precision::F32) => memory::Attention::Fused,
+        _ => memory::Attention::Scores,
+    };
+    let mut shaped = config.clone();
+    shaped.max_position_embeddings = a.prompt + a.response;
+    let estimate = memory::estimate(&shaped, cfg, precision, attention);
+    let Some(gib) = a.device_memory_gib else {
+        return Ok(estimate);
+    };
+    // The batch's own passes bound it: checked as under a budget.
+    let bounded = LearnerConfig {
+        micro_batch_tokens: estimate.pass_tokens as usize,
+        ..cfg.clone()
+    };
+    let capacity = (gib * (1u64 << 30) as f64) as u64;
+    memory::check(&estimate, &bounded, capacity, &shaped, precision, attention)?;
+    Ok(estimate)
+}
+
+/// A phase's speed, memory and FLOPs use, as lines and (`--json`) one
+/// JSON line.
+fn report(
+    a: &LearnerBenchArgs,
+    config: &ModelConfig,
+    cfg: &LearnerConfig,
+    estimate: &memory::MemoryEstimate,
+    times: &[f64],
+    last: Option<&StepReport>,
+) {
+    let tokens = a.groups as usize * a.group_size * (a.prompt + a.response);
     let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
-    let peak = peak_memory(a, last.as_ref());
+    let peak = peak_memory(a, last);
     let flops = flops::per_token(config, cfg.lora.as_ref(), a.prompt + a.response);
     let mfu = (a.peak_tflops > 0.0).then(|| flops * tokens as f64 / mean / (a.peak_tflops * 1e12));
     println!(
@@ -253,30 +315,30 @@ fn phase(
             a.peak_tflops
         );
     }
-    if a.json {
-        let line = serde_json::json!({
-            "impl": "bapo",
-            "config": a.config,
-            "mode": if cfg.lora.is_some() { "lora" } else { "full" },
-            "dtype": a.precision,
-            "device": a.device,
-            "params": config.num_params(),
-            "trainable": memory::trainable_params(config, cfg.lora.as_ref()),
-            "tokens_per_step": tokens,
-            "step_s": times,
-            "tokens_per_s": tokens as f64 / mean,
-            "peak_mem_gb": peak.in_use_gb,
-            "reserved_gb": peak.reserved_gb,
-            "estimate_gb": estimate.total() as f64 / 1e9,
-            "flops_per_token": flops,
-            "mfu": mfu,
-            "micro_batch_tokens": a.micro_batch_tokens,
-            "checkpoint_layers": a.checkpoint_layers,
-            "loss": last.as_ref().map(|r| r.loss),
-        });
-        println!("{line}");
+    if !a.json {
+        return;
     }
-    Ok(trainer)
+    let line = serde_json::json!({
+        "impl": "bapo",
+        "config": a.config,
+        "mode": mode(cfg),
+        "dtype": a.precision,
+        "device": a.device,
+        "params": config.num_params(),
+        "trainable": memory::trainable_params(config, cfg.lora.as_ref()),
+        "tokens_per_step": tokens,
+        "step_s": times,
+        "tokens_per_s": tokens as f64 / mean,
+        "peak_mem_gb": peak.in_use_gb,
+        "reserved_gb": peak.reserved_gb,
+        "estimate_gb": estimate.total() as f64 / 1e9,
+        "flops_per_token": flops,
+        "mfu": mfu,
+        "micro_batch_tokens": a.micro_batch_tokens,
+        "checkpoint_layers": a.checkpoint_layers,
+        "loss": last.map(|r| r.loss),
+    });
+    println!("{line}");
 }
 
 /// The estimate's verdict at sequence lengths 2k, 8k and 32k, each pass
