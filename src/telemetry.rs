@@ -6,12 +6,18 @@ use anyhow::Context;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tracing_subscriber::EnvFilter;
 
-/// Logs to stderr; `RUST_LOG` overrides the default level.
+/// Logs to stderr; `RUST_LOG` overrides the default level. Colours only
+/// on a terminal (and never under `NO_COLOR`): a service's stderr that
+/// `bapo run` sends to a log file, or a pipe into another program, gets
+/// plain text, not escape codes.
 pub fn init_logging(default: &str) {
+    use std::io::IsTerminal;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .try_init();
 }
 
