@@ -419,7 +419,9 @@ fn restore_algo(
         let bytes = read_verified(dir, state, ALGO_FILE)?;
         let algo = ciborium::from_reader(bytes.as_slice())
             .map_err(|e| invalid(dir, format!("{ALGO_FILE}: {e}")))?;
-        trainer.restore_algo_state(algo);
+        trainer
+            .restore_algo_state(algo)
+            .map_err(|e| invalid(dir, format!("{ALGO_FILE}: {e}")))?;
     }
     for name in trainer.frozen_names() {
         let file = frozen_file(name);

@@ -107,6 +107,19 @@ pub struct RemixMemory {
 }
 
 impl RemixMemory {
+    /// Refuses, naming the group and sequence, a memory read back from a
+    /// checkpoint that a step could not lay out.
+    pub fn check(&self, vocab: usize, max_len: usize) -> Result<(), String> {
+        for g in self.batches.iter().flat_map(|(_, g)| g) {
+            for (i, s) in g.sequences.iter().enumerate() {
+                s.check(vocab, max_len).map_err(|m| {
+                    format!("ReMix's memory, group {}, sequence {i}: {m}", g.group_id)
+                })?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn groups(&self) -> usize {
         self.batches.iter().map(|(_, g)| g.len()).sum()
     }

@@ -32,6 +32,57 @@ impl Sequence {
     pub fn is_policy_token(&self, j: usize) -> bool {
         self.mask.get(j).copied().unwrap_or(true)
     }
+
+    /// What [`TrainGroup::from_wire`] checks, and the model's limits: for
+    /// a sequence that did not come off the wire (a replay memory read
+    /// back from a checkpoint), so that a bad one is refused by name
+    /// instead of indexing out of bounds mid-step.
+    pub fn check(&self, vocab: usize, max_len: usize) -> Result<(), String> {
+        let n = self.response.len();
+        if self.prompt.is_empty() || n == 0 {
+            return Err("empty prompt or response".into());
+        }
+        if self.behavior_logprobs.len() != n || self.versions.len() != n {
+            return Err(format!(
+                "{n} response tokens but {} log-probs and {} versions",
+                self.behavior_logprobs.len(),
+                self.versions.len()
+            ));
+        }
+        let per_token = |len: usize| len == 0 || len == n;
+        if !per_token(self.mask.len()) || !per_token(self.turns.len()) {
+            return Err(format!(
+                "{n} response tokens but a mask or turn ids of another length"
+            ));
+        }
+        if !self.reward.is_finite() || self.behavior_logprobs.iter().any(|x| !x.is_finite()) {
+            return Err("a reward or log-prob that is not finite".into());
+        }
+        check_tokens(&self.prompt, &self.response, vocab, max_len)
+    }
+}
+
+/// Token ids inside the vocabulary, and no more than `max_len` of them.
+pub fn check_tokens(
+    prompt: &[u32],
+    response: &[u32],
+    vocab: usize,
+    max_len: usize,
+) -> Result<(), String> {
+    if let Some(id) = prompt
+        .iter()
+        .chain(response)
+        .find(|&&t| t as usize >= vocab)
+    {
+        return Err(format!("token id {id} is outside the vocabulary ({vocab})"));
+    }
+    let len = prompt.len() + response.len();
+    if len > max_len {
+        return Err(format!(
+            "{len} tokens, more than the model's {max_len} positions"
+        ));
+    }
+    Ok(())
 }
 
 /// The responses to one prompt.

@@ -199,7 +199,48 @@ pub fn median(v: impl Iterator<Item = f64>) -> Option<f64> {
     })
 }
 
+impl Stored {
+    /// A stored trajectory the replay pass can lay out (see
+    /// [`SpearMemory::check`]).
+    fn check(&self, vocab: usize, max_len: usize) -> Result<(), String> {
+        let n = self.response.len();
+        if self.prompt.is_empty() || n == 0 {
+            return Err("empty prompt or response".into());
+        }
+        if self.logp_old.len() != n || !(self.mask.is_empty() || self.mask.len() == n) {
+            return Err(format!(
+                "{n} response tokens but {} log-probs and a mask of {}",
+                self.logp_old.len(),
+                self.mask.len()
+            ));
+        }
+        let finite = self.reward.is_finite() && self.advantage.is_finite();
+        if !finite || self.logp_old.iter().any(|x| !x.is_finite()) {
+            return Err("a reward, advantage or log-prob that is not finite".into());
+        }
+        crate::rollouts::check_tokens(&self.prompt, &self.response, vocab, max_len)
+    }
+}
+
 impl SpearMemory {
+    /// Refuses, naming the entry, a memory read back from a checkpoint
+    /// that the replay pass could not train on (fresh batches are checked
+    /// off the wire; a saved memory bypasses that).
+    pub fn check(&self, vocab: usize, max_len: usize) -> Result<(), String> {
+        for (i, e) in self.entries.iter().enumerate() {
+            e.check(vocab, max_len)
+                .map_err(|m| format!("SPEAR's memory, entry {i}: {m}"))?;
+        }
+        if self
+            .baseline
+            .iter()
+            .any(|g| !(g.mean.is_finite() && g.std.is_finite()))
+        {
+            return Err("SPEAR's baseline holds a statistic that is not finite".into());
+        }
+        Ok(())
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }

@@ -93,6 +93,9 @@ pub enum TrainError {
         grad_norm: f64,
         in_a_row: u32,
     },
+    /// A SPEAR or ReMix memory read back that a step could not train on.
+    #[error("saved replay memory: {0}")]
+    ReplayState(String),
     /// A step the device cannot hold, by the estimate (`memory.rs`).
     #[error("memory: {0}")]
     Memory(String),

@@ -165,3 +165,53 @@ fn same_after_resume(cfg: LearnerConfig, n: u32) {
         }
     }
 }
+
+/// `state` with `edit` applied to its JSON form (what a damaged or
+/// hand-edited memory reads back as).
+fn edited(
+    state: &bapo_learner::trainer::AlgoState,
+    edit: impl Fn(&mut serde_json::Value),
+) -> bapo_learner::trainer::AlgoState {
+    let mut v = serde_json::to_value(state).unwrap();
+    edit(&mut v);
+    serde_json::from_value(v).unwrap()
+}
+
+/// A SPEAR or ReMix memory read back with an entry a step could not lay
+/// out (log-probs shorter than the response, a token outside the
+/// vocabulary) is refused by name at restore, not met mid-training; a
+/// sound one restores.
+#[test]
+fn a_restored_replay_memory_is_checked_like_a_fresh_batch() {
+    let b = batches(2);
+    let mut s = Trainer::new(spear(), tiny_policy(12), 0).unwrap();
+    s.train_batch(&b[0]).unwrap();
+    let state = s.algo_state();
+    let mut fresh = Trainer::new(spear(), tiny_policy(12), 0).unwrap();
+    fresh.restore_algo_state(state.clone()).unwrap();
+    let short = edited(&state, |v| {
+        v["spear"]["entries"][1]["logp_old"]
+            .as_array_mut()
+            .unwrap()
+            .pop();
+    });
+    let e = fresh.restore_algo_state(short).unwrap_err().to_string();
+    assert!(
+        e.contains("SPEAR's memory, entry 1") && e.contains("log-probs"),
+        "{e}"
+    );
+
+    let mut r = Trainer::new(remix(), tiny_policy(13), 0).unwrap();
+    r.train_batch(&b[0]).unwrap();
+    let state = r.algo_state();
+    let bad_token = edited(&state, |v| {
+        v["remix"]["batches"][0][1][0]["sequences"][2]["response"][0] = 4096.into();
+    });
+    let mut fresh = Trainer::new(remix(), tiny_policy(13), 0).unwrap();
+    let e = fresh.restore_algo_state(bad_token).unwrap_err().to_string();
+    assert!(
+        e.contains("ReMix's memory, group g0, sequence 2") && e.contains("4096"),
+        "{e}"
+    );
+    fresh.restore_algo_state(state).unwrap();
+}

@@ -190,8 +190,19 @@ impl Trainer {
     }
 
     /// Continues from a checkpoint's [`AlgoState`]; memories of another
-    /// algorithm are ignored.
-    pub fn restore_algo_state(&mut self, s: AlgoState) {
+    /// algorithm are ignored. A memory holding what a step could not
+    /// train on is refused by name: read back from disk, it skipped the
+    /// checks fresh batches get, and every resume would meet it again.
+    pub fn restore_algo_state(&mut self, s: AlgoState) -> Result<(), TrainError> {
+        let (vocab, max_len) = (
+            self.model_config.vocab_size,
+            self.model_config.max_position_embeddings,
+        );
+        let spear = s.spear.as_ref().map(|m| m.check(vocab, max_len));
+        let remix = s.remix.as_ref().map(|m| m.check(vocab, max_len));
+        for checked in [spear, remix].into_iter().flatten() {
+            checked.map_err(TrainError::ReplayState)?;
+        }
         self.batches = s.batches;
         if let (Some(m), Some(saved)) = (self.spear.as_mut(), s.spear) {
             *m = saved;
@@ -199,6 +210,7 @@ impl Trainer {
         if let (Some(r), Some(saved)) = (self.remix.as_mut(), s.remix) {
             r.memory = saved;
         }
+        Ok(())
     }
 
     /// The frozen policies this run keeps, by file stem: the KL reference,
