@@ -30,6 +30,7 @@ pub mod config;
 pub mod group;
 pub mod server;
 pub mod sync;
+pub mod weights_dir;
 
 use std::{
     path::PathBuf,
@@ -37,7 +38,6 @@ use std::{
     time::Duration,
 };
 
-use anyhow::Context;
 use bapo_policy::SamplingParams;
 use metrics::counter;
 use tokio::{sync::watch, task::JoinHandle};
@@ -124,8 +124,7 @@ pub fn start(
         let d = tempfile::Builder::new().prefix("bapo-vllm-").tempdir()?;
         (d.path().to_path_buf(), Some(d))
     } else {
-        std::fs::create_dir_all(&cfg.weights_dir)
-            .with_context(|| format!("actor.vllm.weights_dir {}", cfg.weights_dir.display()))?;
+        weights_dir::claim(&cfg.weights_dir)?;
         (cfg.weights_dir.clone(), None)
     };
     let (up_tx, up_rx) = watch::channel(false);

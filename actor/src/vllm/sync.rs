@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use super::{
     api::{Api, Pause},
     group::{UNKNOWN, label},
+    weights_dir,
 };
 use crate::{
     backoff::Backoff,
@@ -197,7 +198,9 @@ impl Loader {
             .into_iter()
             .flatten()
             .collect();
-        prune_except(&self.weights_dir, &keep, "base-");
+        weights_dir::prune(&self.weights_dir, |n| {
+            keep.contains(&n) || n.starts_with("base-")
+        });
         Ok(())
     }
 
@@ -237,7 +240,7 @@ impl Loader {
             "vLLM serves weights {name} ({:.2} s)",
             t0.elapsed().as_secs_f64()
         );
-        prune(&self.weights_dir, &name);
+        weights_dir::prune(&self.weights_dir, |n| n == name);
         Ok(())
     }
 
@@ -282,36 +285,6 @@ impl Loader {
         })
         .await??;
         Ok(dir)
-    }
-}
-
-/// Removes every weight directory but those in `keep`, those whose name
-/// starts with `prefix` (the LoRA base) and the extension's.
-fn prune_except(weights_dir: &Path, keep: &[&str], prefix: &str) {
-    let Ok(entries) = std::fs::read_dir(weights_dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        let kept = keep.contains(&name.as_ref()) || name.starts_with(prefix) || name == "ext";
-        if !kept && e.path().is_dir() {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
-}
-
-/// Removes every weight directory but `keep` (and the extension's).
-fn prune(weights_dir: &Path, keep: &str) {
-    let Ok(entries) = std::fs::read_dir(weights_dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        if name != keep && name != "ext" && e.path().is_dir() {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
     }
 }
 
