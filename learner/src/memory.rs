@@ -76,12 +76,27 @@ pub fn gib(bytes: u64) -> f64 {
     bytes as f64 / (1u64 << 30) as f64
 }
 
+/// `gib` GiB in bytes (a capacity from the config).
+pub fn bytes(gib: f64) -> u64 {
+    (gib * (1u64 << 30) as f64) as u64
+}
+
 /// Whether attention keeps its `T × T` scores for the backward pass: yes
 /// on every device but the CPU, whose fused kernel recomputes them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Attention {
     Fused,
     Scores,
+}
+
+impl Attention {
+    /// What a model computing in `precision` on `device` runs.
+    pub fn on(device: &bapo_policy::burn::prelude::Device, precision: Precision) -> Self {
+        match bapo_policy::kernels::serve(device, precision) {
+            true => Self::Fused,
+            false => Self::Scores,
+        }
+    }
 }
 
 /// Trainable parameters under `lora` (all of them without).

@@ -38,6 +38,24 @@ impl Sequence {
     /// back from a checkpoint), so that a bad one is refused by name
     /// instead of indexing out of bounds mid-step.
     pub fn check(&self, vocab: usize, max_len: usize) -> Result<(), String> {
+        self.check_shape()?;
+        let per_token = |len: usize| len == 0 || len == self.response.len();
+        if !per_token(self.mask.len()) || !per_token(self.turns.len()) {
+            return Err(format!(
+                "{} response tokens but a mask or turn ids of another length",
+                self.response.len()
+            ));
+        }
+        if self.behavior_logprobs.iter().any(|x| !x.is_finite()) {
+            return Err("a log-prob that is not finite".into());
+        }
+        check_tokens(&self.prompt, &self.response, vocab, max_len)
+    }
+
+    /// The rules every sequence meets, off the wire or not: a prompt and
+    /// a response, a log-prob and a version per response token, a finite
+    /// reward.
+    fn check_shape(&self) -> Result<(), String> {
         let n = self.response.len();
         if self.prompt.is_empty() || n == 0 {
             return Err("empty prompt or response".into());
@@ -49,16 +67,10 @@ impl Sequence {
                 self.versions.len()
             ));
         }
-        let per_token = |len: usize| len == 0 || len == n;
-        if !per_token(self.mask.len()) || !per_token(self.turns.len()) {
-            return Err(format!(
-                "{n} response tokens but a mask or turn ids of another length"
-            ));
+        if !self.reward.is_finite() {
+            return Err(format!("reward {} is not finite", self.reward));
         }
-        if !self.reward.is_finite() || self.behavior_logprobs.iter().any(|x| !x.is_finite()) {
-            return Err("a reward or log-prob that is not finite".into());
-        }
-        check_tokens(&self.prompt, &self.response, vocab, max_len)
+        Ok(())
     }
 }
 
@@ -121,30 +133,17 @@ impl TrainGroup {
                     .map_err(|e| err(format!("behavior_logprobs: {e}")))?;
                 let versions = packed::unpack_u32(&r.token_versions)
                     .map_err(|e| err(format!("token_versions: {e}")))?;
-                if prompt.is_empty() || response.is_empty() {
-                    return Err(err("empty prompt or response".into()));
-                }
-                if behavior_logprobs.len() != response.len() || versions.len() != response.len() {
-                    return Err(err(format!(
-                        "{} response tokens but {} log-probs and {} versions",
-                        response.len(),
-                        behavior_logprobs.len(),
-                        versions.len()
-                    )));
-                }
-                if !r.reward.is_finite() {
-                    return Err(err(format!("reward {} is not finite", r.reward)));
-                }
-                let (mask, turns) = turns_of(r, response.len()).map_err(err)?;
-                Ok(Sequence {
+                let s = Sequence {
                     prompt,
                     response,
                     behavior_logprobs,
                     versions,
                     reward: r.reward,
-                    mask,
-                    turns,
-                })
+                    ..Default::default()
+                };
+                s.check_shape().map_err(err)?;
+                let (mask, turns) = turns_of(r, s.response.len()).map_err(err)?;
+                Ok(Sequence { mask, turns, ..s })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {

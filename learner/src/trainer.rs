@@ -7,7 +7,7 @@
 //! (`loss/`), giving `∂L/∂lp_t` exactly; the model is trained with the
 //! surrogate `Σ_t sg(∂L/∂lp_t) · lp_t`, whose gradient is the same.
 
-use std::{collections::BTreeMap, ops::Range, time::Instant};
+use std::{borrow::Cow, collections::BTreeMap, ops::Range, time::Instant};
 
 use bapo_policy::{
     ModelConfig, Policy, Precision,
@@ -167,8 +167,6 @@ type Layout = (Vec<Row>, TokenBatch, BTreeMap<String, f64>);
 struct Checkpoints {
     inputs: Vec<Tensor<2>>,
     top: Tensor<2>,
-    /// Sequences and tokens per sequence of the pass.
-    dims: (usize, usize),
 }
 
 /// Entropy and KL penalties summed over a step's micro-batches.
@@ -276,16 +274,13 @@ fn with_adapters(
 fn check_memory(cfg: &LearnerConfig, policy: &Policy) -> Result<(), TrainError> {
     let precision = policy.model.compute;
     let device = policy.device();
-    let attention = match bapo_policy::kernels::serve(&device, precision) {
-        true => memory::Attention::Fused,
-        false => memory::Attention::Scores,
-    };
+    let attention = memory::Attention::on(&device, precision);
     let est = memory::estimate(&policy.config, cfg, precision, attention);
     let capacity = match cfg.device_memory_gib {
-        0.0 => bapo_policy::kernels::serve(&device, Precision::F32)
+        0.0 => bapo_policy::kernels::on_cpu(device)
             .then(memory::host_memory)
             .flatten(),
-        gib => Some((gib * (1u64 << 30) as f64) as u64),
+        gib => Some(memory::bytes(gib)),
     };
     tracing::info!(
         capacity_gib = capacity.map(memory::gib),
@@ -307,18 +302,10 @@ impl Trainer {
         check_memory(&cfg, &policy)?;
         let loss = cfg.build_loss()?;
         let device = policy.device().autodiff();
-        let rope_plain = Rope::new(
-            policy.config.head_dim(),
-            policy.config.rope_theta(),
-            policy.config.max_position_embeddings,
-            &policy.device(),
-        );
-        let rope = Rope::new(
-            policy.config.head_dim(),
-            policy.config.rope_theta(),
-            policy.config.max_position_embeddings,
-            &device,
-        );
+        let c = &policy.config;
+        let rope_on =
+            |d: &Device| Rope::new(c.head_dim(), c.rope_theta(), c.max_position_embeddings, d);
+        let (rope, rope_plain) = (rope_on(&device), rope_on(&policy.device()));
         // Under LoRA the reference is the base with the adapters off: the
         // same tensors, no second copy of the model.
         let reference = (cfg.kl_coef > 0.0).then(|| lora::base_of(&policy.model.valid()));
@@ -504,7 +491,11 @@ impl Trainer {
         let (norm_before, norm_after) =
             clip_global_norm(&self.model, &mut grads, self.cfg.max_grad_norm);
         metrics.insert(Metric::GradNorm.into(), norm_before);
-        if !(norm_before.is_finite() && loss.loss.is_finite()) {
+        let lr = if norm_before.is_finite() && loss.loss.is_finite() {
+            self.nonfinite_in_a_row = 0;
+            metrics.insert("grad_norm_clipped".into(), norm_after);
+            self.update(grads, &seq_log_weights, &mut metrics)
+        } else {
             self.nonfinite_in_a_row += 1;
             if self.nonfinite_in_a_row >= NONFINITE_LIMIT {
                 return Err(TrainError::NonFinite {
@@ -514,28 +505,8 @@ impl Trainer {
                 });
             }
             metrics.insert("nonfinite_skipped".into(), 1.0);
-            return Ok(StepReport {
-                step: self.step,
-                version: self.version,
-                loss: loss.loss,
-                lr: 0.0,
-                sequences: seq_log_weights.len(),
-                tokens: batch.len(),
-                seconds: t0.elapsed().as_secs_f64(),
-                metrics,
-            });
-        }
-        self.nonfinite_in_a_row = 0;
-        let mut lr = self.cfg.schedule().at(self.step);
-        if self.cfg.vcpo {
-            let scale = lr_scale(&seq_log_weights, RHO_BASE, LrRule::Sqrt);
-            metrics.insert("vcpo_lr_scale".into(), scale);
-            lr *= scale;
-        }
-        self.model = self.optim.step(lr, self.model.clone(), grads);
-        self.step += 1;
-        self.version += 1;
-        metrics.insert("grad_norm_clipped".into(), norm_after);
+            0.0
+        };
         Ok(StepReport {
             step: self.step,
             version: self.version,
@@ -546,6 +517,26 @@ impl Trainer {
             seconds: t0.elapsed().as_secs_f64(),
             metrics,
         })
+    }
+
+    /// AdamW with `grads` at the schedule's rate (VCPO-scaled where
+    /// asked); advances the step and the version; returns the rate.
+    fn update(
+        &mut self,
+        grads: GradientsParams,
+        seq_log_weights: &[f64],
+        metrics: &mut BTreeMap<String, f64>,
+    ) -> f64 {
+        let mut lr = self.cfg.schedule().at(self.step);
+        if self.cfg.vcpo {
+            let scale = lr_scale(seq_log_weights, RHO_BASE, LrRule::Sqrt);
+            metrics.insert("vcpo_lr_scale".into(), scale);
+            lr *= scale;
+        }
+        self.model = self.optim.step(lr, self.model.clone(), grads);
+        self.step += 1;
+        self.version += 1;
+        lr
     }
 
     /// The loss of `groups` under the current weights and its gradient with
@@ -714,12 +705,7 @@ impl Trainer {
             .require_grad();
         let logits = self.model.head(top.clone());
         let v = logits.dims()[1];
-        let kept = Checkpoints {
-            inputs,
-            top,
-            dims: (b, t),
-        };
-        (logits.reshape([b, t, v]), Some(kept))
+        (logits.reshape([b, t, v]), Some(Checkpoints { inputs, top }))
     }
 
     /// The gradients of a checkpointed pass: the head's (`grads`, from the
@@ -737,9 +723,10 @@ impl Trainer {
             .grad(&grads)
             .expect("the head's input is a tracked leaf");
         accum.accumulate(&self.model, GradientsParams::from_grads(grads, &self.model));
+        let [b, t] = tokens.dims();
         for (i, x) in kept.inputs.into_iter().enumerate().rev() {
             let x = x.autodiff().require_grad();
-            let out = self.model.layer(i, x.clone(), kept.dims, &self.rope);
+            let out = self.model.layer(i, x.clone(), (b, t), &self.rope);
             let grads = out.mul(g).sum().backward();
             g = x.grad(&grads).expect("a layer's input is a tracked leaf");
             accum.accumulate(&self.model, GradientsParams::from_grads(grads, &self.model));
@@ -949,7 +936,9 @@ impl Trainer {
     /// `rows` cut into forward/backward passes by `micro_batch_seqs` and
     /// `micro_batch_tokens` (`micro.rs`); `in_order` keeps the rows'
     /// order (a micro-batch-scoped loss).
-    fn micro_batches(&self, rows: &[Row], in_order: bool) -> Vec<Vec<Row>> {
+    /// A pass of consecutive rows borrows them; only rows regrouped by
+    /// length are copied.
+    fn micro_batches<'r>(&self, rows: &'r [Row], in_order: bool) -> Vec<Cow<'r, [Row]>> {
         let lens: Vec<usize> = rows.iter().map(|r| r.tokens.len()).collect();
         let limits = micro::Limits {
             seqs: self.cfg.micro_batch_seqs,
@@ -958,7 +947,10 @@ impl Trainer {
         };
         micro::plan(&lens, limits)
             .into_iter()
-            .map(|p| p.into_iter().map(|i| rows[i].clone()).collect())
+            .map(|p| match (p.first(), p.last()) {
+                (Some(&a), Some(&b)) if b - a + 1 == p.len() => Cow::Borrowed(&rows[a..=b]),
+                _ => Cow::Owned(p.into_iter().map(|i| rows[i].clone()).collect()),
+            })
             .collect()
     }
 
@@ -1004,7 +996,7 @@ fn token_batch(skel: &TokenBatch, lp: Vec<f64>) -> Result<TokenBatch, TrainError
 
 /// How a step's passes were cut: their count, and the share of the
 /// tokens they computed on that was padding.
-fn pass_metrics(passes: &[Vec<Row>]) -> [(String, f64); 2] {
+fn pass_metrics(passes: &[Cow<'_, [Row]>]) -> [(String, f64); 2] {
     let (mut real, mut padded) = (0usize, 0usize);
     for p in passes {
         let longest = p.iter().map(|r| r.tokens.len()).max().unwrap_or(0);

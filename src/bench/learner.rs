@@ -28,7 +28,8 @@ use bapo_learner::{
     rollouts::Sequence,
 };
 use bapo_policy::{
-    ComputeDevice, ModelConfig, Policy, Precision, lora::LoraConfig, weights::Encoding,
+    ComputeDevice, ModelConfig, Policy, Precision, burn::prelude::Device, lora::LoraConfig,
+    weights::Encoding,
 };
 use clap::Args;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
@@ -182,17 +183,21 @@ pub fn run(a: LearnerBenchArgs) -> anyhow::Result<()> {
     publish_numbers(&trainer)
 }
 
-/// The policy at `config`'s shape, random, on the asked device and dtype.
-fn policy(a: &LearnerBenchArgs, config: &ModelConfig) -> anyhow::Result<Policy> {
-    let precision: Precision = a.precision.parse()?;
+/// The asked device, refused by name unless it computes in `precision`.
+fn device(a: &LearnerBenchArgs, precision: Precision) -> anyhow::Result<Device> {
     let kind: ComputeDevice = a.device.parse()?;
     let device = kind.device_for(precision)?;
     if let Some(adapter) = kind.adapter() {
         println!("adapter: {adapter}");
     }
-    let mut policy = Policy::init(config.clone(), &device);
+    Ok(device)
+}
+
+/// The policy at `config`'s shape, random, on `device` in `precision`.
+fn policy(config: &ModelConfig, device: &Device, precision: Precision) -> Policy {
+    let mut policy = Policy::init(config.clone(), device);
     policy.model = policy.model.with_precision(precision);
-    Ok(policy)
+    policy
 }
 
 /// One untimed and `a.steps` timed learner steps; prints their times,
@@ -215,7 +220,9 @@ fn phase(
         lora,
         ..Default::default()
     };
-    let estimate = match admit(a, config, &cfg, precision) {
+    let device = device(a, precision)?;
+    let attention = memory::Attention::on(&device, precision);
+    let estimate = match admit(a, config, &cfg, (precision, attention)) {
         Ok(e) => e,
         Err(refusal) => {
             println!("refused by the estimate: {refusal}");
@@ -229,7 +236,8 @@ fn phase(
             return Ok(None);
         }
     };
-    let mut trainer = Trainer::new(cfg.clone(), policy(a, config)?, 0)?;
+    let policy = policy(config, &device, precision);
+    let mut trainer = Trainer::new(cfg.clone(), policy, 0)?;
     let batch = groups(a, config.vocab_size as u32);
     let t0 = Instant::now();
     trainer.step(&batch)?;
@@ -264,13 +272,8 @@ fn admit(
     a: &LearnerBenchArgs,
     config: &ModelConfig,
     cfg: &LearnerConfig,
-    precision: Precision,
+    (precision, attention): (Precision, memory::Attention),
 ) -> Result<memory::MemoryEstimate, String> {
-    // The fused CPU kernels keep no scores: f32 on the CPU only.
-    let attention = match (a.device.as_str(), precision) {
-        ("cpu", Precision::F32) => memory::Attention::Fused,
-        _ => memory::Attention::Scores,
-    };
     let mut shaped = config.clone();
     shaped.max_position_embeddings = a.prompt + a.response;
     let estimate = memory::estimate(&shaped, cfg, precision, attention);
@@ -282,8 +285,14 @@ fn admit(
         micro_batch_tokens: estimate.pass_tokens as usize,
         ..cfg.clone()
     };
-    let capacity = (gib * (1u64 << 30) as f64) as u64;
-    memory::check(&estimate, &bounded, capacity, &shaped, precision, attention)?;
+    memory::check(
+        &estimate,
+        &bounded,
+        memory::bytes(gib),
+        &shaped,
+        precision,
+        attention,
+    )?;
     Ok(estimate)
 }
 
@@ -350,7 +359,7 @@ fn fit_table(a: &LearnerBenchArgs, config: &ModelConfig, gib: f64) {
         a.config
     );
     println!("|---|---|---|---|---|---|");
-    let capacity = (gib * (1u64 << 30) as f64) as u64;
+    let capacity = memory::bytes(gib);
     for seq in [2048, 8192, 32768] {
         for lora in [None, Some(LoraConfig::default())] {
             for checkpoint_layers in [false, true] {

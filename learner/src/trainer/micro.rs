@@ -35,65 +35,35 @@ pub(super) struct Limits {
 /// Indices of the rows (of lengths `lens`) of each pass, ascending
 /// within a pass.
 pub(super) fn plan(lens: &[usize], limits: Limits) -> Vec<Vec<usize>> {
-    let seqs = limits.seqs.max(1);
-    if limits.tokens == 0 {
-        return (0..lens.len())
-            .step_by(seqs)
-            .map(|s| (s..(s + seqs).min(lens.len())).collect())
-            .collect();
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    if limits.tokens > 0 && !limits.in_order {
+        // Longest first. Cutting this order wherever the next row does not
+        // fit is first-fit decreasing: a pass a row did not fit never takes
+        // a later (shorter) one, as its limit depends on its first row and
+        // its count only.
+        order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
     }
-    if limits.in_order {
-        return in_order(lens, seqs, limits.tokens);
-    }
-    by_length(lens, seqs, limits.tokens)
-}
-
-/// Whether a pass of `rows` rows padded to `longest` fits the limits.
-fn fits(rows: usize, longest: usize, seqs: usize, budget: usize) -> bool {
-    rows <= seqs && rows * longest <= budget
-}
-
-/// Cuts between rows, in order, whenever the next row would not fit.
-fn in_order(lens: &[usize], seqs: usize, budget: usize) -> Vec<Vec<usize>> {
+    let (seqs, budget) = (limits.seqs.max(1), limits.tokens);
     let mut passes: Vec<Vec<usize>> = Vec::new();
     let mut longest = 0;
-    for (i, &len) in lens.iter().enumerate() {
+    for i in order {
+        let fits = |p: &Vec<usize>| {
+            let rows = p.len() + 1;
+            rows <= seqs && (budget == 0 || rows * longest.max(lens[i]) <= budget)
+        };
         match passes.last_mut() {
-            Some(p) if fits(p.len() + 1, longest.max(len), seqs, budget) => {
-                p.push(i);
-                longest = longest.max(len);
-            }
+            Some(p) if fits(p) => p.push(i),
             _ => {
                 passes.push(vec![i]);
-                longest = len;
+                longest = 0;
             }
         }
+        longest = longest.max(lens[i]);
+    }
+    for p in &mut passes {
+        p.sort_unstable();
     }
     passes
-}
-
-/// First-fit decreasing: longest rows first, each into the first pass
-/// that still fits it (a pass's longest row is its first).
-fn by_length(lens: &[usize], seqs: usize, budget: usize) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..lens.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
-    let mut passes: Vec<(usize, Vec<usize>)> = Vec::new();
-    for i in order {
-        match passes
-            .iter_mut()
-            .find(|(longest, p)| fits(p.len() + 1, *longest, seqs, budget))
-        {
-            Some((_, p)) => p.push(i),
-            None => passes.push((lens[i], vec![i])),
-        }
-    }
-    passes
-        .into_iter()
-        .map(|(_, mut p)| {
-            p.sort_unstable();
-            p
-        })
-        .collect()
 }
 
 /// Padded tokens of a plan: what its passes compute on.

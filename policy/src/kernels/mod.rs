@@ -130,10 +130,15 @@ fn fused<const D: usize>(x: &Tensor<D>) -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("BAPO_FUSED_KERNELS").map_or(true, |v| v != "0"))
         && x.dtype() == burn::tensor::DType::F32
-        && matches!(
-            x.device().without_autodiff().as_dispatch(),
-            DispatchDevice::Flex(_)
-        )
+        && on_cpu(x.device())
+}
+
+/// Whether `device` (with or without autodiff) is the CPU backend.
+pub fn on_cpu(device: Device) -> bool {
+    matches!(
+        device.without_autodiff().as_dispatch(),
+        DispatchDevice::Flex(_)
+    )
 }
 
 /// Whether the fused kernels serve a model computing in `precision` on
@@ -141,11 +146,7 @@ fn fused<const D: usize>(x: &Tensor<D>) -> bool {
 /// `T × T` scores for the backward pass (the learner's memory estimate
 /// counts them).
 pub fn serve(device: &Device, precision: crate::Precision) -> bool {
-    precision == crate::Precision::F32
-        && matches!(
-            device.clone().without_autodiff().as_dispatch(),
-            DispatchDevice::Flex(_)
-        )
+    precision == crate::Precision::F32 && on_cpu(device.clone())
 }
 
 /// RMSNorm of each row of `x` `[rows, hidden]` with scale `gamma`.
