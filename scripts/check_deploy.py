@@ -334,6 +334,8 @@ def check_objects(docs: list[dict], values: dict) -> None:
         assert {"buffer", "model", "learner", "actor", "task"} <= set(cfg), f"config tables: {sorted(cfg)}"
         unknown = set(cfg["buffer"]) - buffer_fields()
         assert not unknown, f"[buffer] keys not in BufferConfig: {sorted(unknown)}"
+        unknown = set(cfg["learner"]) - struct_fields("learner/src/config.rs", "LearnerConfig")
+        assert not unknown, f"[learner] keys not in LearnerConfig: {sorted(unknown)}"
         for k in ("group_size", "batch_groups", "max_staleness"):
             if k in cfg["buffer"]:
                 assert isinstance(cfg["buffer"][k], int), f"[buffer] {k} must be a TOML integer"

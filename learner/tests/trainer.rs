@@ -499,3 +499,41 @@ fn non_finite_updates_are_skipped_then_stop_the_learner() {
     assert!(after.iter().all(|x| x.is_finite()));
     assert_eq!((t.steps_done(), t.version()), (0, 5));
 }
+
+/// A sequence longer than the token budget is refused by name; a step the
+/// device cannot hold is refused when the trainer starts, with the
+/// numbers, not in the middle of a step.
+#[test]
+fn the_budget_and_the_memory_estimate_refuse_by_name() {
+    use bapo_learner::trainer::TrainError;
+    let p = tiny_policy(25);
+    let g = ragged_group(&p, 0, [2, 12, 3, 4]);
+    let mut cfg = config("bapo");
+    cfg.micro_batch_tokens = 10;
+    let t = Trainer::new(cfg.clone(), p, 0).unwrap();
+    let e = t.gradients(&[g]).err().unwrap();
+    assert!(
+        matches!(
+            e,
+            TrainError::OverBudget {
+                len: 15,
+                budget: 10,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("learner.micro_batch_tokens = 10"),
+        "{e}"
+    );
+
+    cfg.device_memory_gib = 0.001;
+    let e = Trainer::new(cfg, tiny_policy(25), 0).err().unwrap();
+    assert!(matches!(e, TrainError::Memory(_)), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("more than the device's 0.00 GiB (learner.device_memory_gib)"),
+        "{msg}"
+    );
+}
