@@ -7,6 +7,8 @@
 //!   unanswered ping (so the connection task must answer them);
 //! - the server's session limit: one more session is refused
 //!   (`CAPACITY_REACHED`, retryable) until one closes;
+//! - a reset abandoned by its timeout frees this actor's slot and the
+//!   server's session;
 //! - the loop: buffer, learner and an actor whose every episode is played
 //!   on the server.
 
@@ -194,6 +196,50 @@ async fn a_session_beyond_the_servers_limit_is_refused_until_one_closes() {
         }
     }
     assert!(again.is_some(), "the freed session was never granted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_abandoned_by_its_timeout_frees_its_session() {
+    // One session on each side; the server's first reset takes 3 s (a
+    // container booting), the actor gives up after 0.5 s.
+    let args = [
+        "--max-concurrent-envs",
+        "1",
+        "--slow-resets",
+        "1",
+        "--reset-delay-ms",
+        "3000",
+    ];
+    let (_server, base) = openenv_server(&args).await;
+    let env = connect(&base, 1).await;
+    let p = problem();
+    let input = ResetInput {
+        task: "arith",
+        problem: &p,
+        seed: 3,
+    };
+    let slow = tokio::time::timeout(Duration::from_millis(500), env.reset(input)).await;
+    assert!(slow.is_err(), "the slow reset answered in time");
+    // The actor's slot is free at once; the server's once its reset is
+    // over and it sees the socket closed.
+    let mut last = None;
+    for _ in 0..100 {
+        match env.reset(input).await {
+            Ok(s) => {
+                env.close(&s.episode_id).await;
+                return;
+            }
+            Err(e) => {
+                assert!(
+                    !e.message.contains("max_sessions"),
+                    "the abandoned reset still holds the actor's slot: {e}"
+                );
+                last = Some(e);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    panic!("no session after the abandoned one: {last:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -54,6 +54,23 @@ from openenv.core.env_server.types import (
 log = logging.getLogger("bapo.openenv")
 
 MAX_ATTEMPTS = 3
+
+
+class SlowResets:
+    """Fault injection for tests: the first `count` resets, server-wide,
+    take `delay_s` longer (a container environment booting)."""
+
+    count = 0
+    delay_s = 0.0
+    _lock = threading.Lock()
+
+    @classmethod
+    def wait(cls) -> None:
+        with cls._lock:
+            slow = cls.count > 0
+            cls.count -= int(slow)
+        if slow:
+            time.sleep(cls.delay_s)
 _INT = re.compile(r"-?\d+")
 
 
@@ -100,6 +117,7 @@ class ArithEnvironment(Environment[ArithAction, ArithObservation, ArithState]):
 
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None,
               **kwargs: Any) -> ArithObservation:
+        SlowResets.wait()
         rng = random.Random(seed)
         op = rng.choice("+-*")
         if op == "*":
@@ -223,6 +241,10 @@ def parse_args(argv=None):
                    help="server pings every N s; 0 disables (uvicorn; default %(default)s)")
     p.add_argument("--access-log", action="store_true", help="log every request (to stderr)")
     p.add_argument("--log-level", default="info")
+    test = p.add_argument_group("fault injection, for tests only")
+    test.add_argument("--slow-resets", type=int, default=0, metavar="N",
+                      help="the first N resets take --reset-delay-ms longer")
+    test.add_argument("--reset-delay-ms", type=int, default=0, metavar="MS")
     args = p.parse_args(argv)
     if args.max_concurrent_envs < 1:
         p.error("--max-concurrent-envs must be at least 1")
@@ -238,6 +260,7 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as e:
         print(f"openenv-server: error: cannot listen on {args.listen}: {e}", file=sys.stderr)
         return 2
+    SlowResets.count, SlowResets.delay_s = args.slow_resets, args.reset_delay_ms / 1000
     app = make_app(args.max_concurrent_envs, args.session_timeout)
     ping = args.ws_ping_interval or None
     config = uvicorn.Config(

@@ -44,6 +44,9 @@ pub struct OpenEnvConfig {
     /// episode dropped (OpenEnv declares no range).
     pub min_reward: f32,
     pub max_reward: f32,
+    /// Largest WebSocket frame read from the server; a bigger one drops
+    /// its episode (`garbage`) instead of being held in memory.
+    pub max_frame_bytes: usize,
 }
 
 impl Default for OpenEnvConfig {
@@ -54,6 +57,7 @@ impl Default for OpenEnvConfig {
             max_sessions: 1,
             min_reward: 0.0,
             max_reward: 1.0,
+            max_frame_bytes: 4 << 20,
         }
     }
 }
@@ -248,6 +252,12 @@ impl EnvConfig {
         if o.max_sessions == 0 {
             return Err(EnvConfigError::Zero("openenv.max_sessions"));
         }
+        if !(1 << 10..=1 << 30).contains(&o.max_frame_bytes) {
+            return Err(field(
+                "max_frame_bytes",
+                format!("{} is not within 1 KiB to 1 GiB", o.max_frame_bytes),
+            ));
+        }
         let finite = o.min_reward.is_finite() && o.max_reward.is_finite();
         if !finite || o.min_reward > o.max_reward {
             return Err(field(
@@ -347,6 +357,7 @@ mod tests {
         assert!(err(|c| c.openenv.action = "{".into()).contains("openenv.action"));
         assert!(err(|c| c.openenv.action = r#"{"m": "x"}"#.into()).contains("{text}"));
         assert!(err(|c| c.openenv.max_sessions = 0).contains("max_sessions"));
+        assert!(err(|c| c.openenv.max_frame_bytes = 10).contains("max_frame_bytes"));
         assert!(err(|c| c.openenv.max_reward = -1.0).contains("not a range"));
     }
 }

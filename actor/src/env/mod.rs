@@ -70,6 +70,28 @@ pub struct EnvInfo {
     pub max_reward: f32,
 }
 
+/// The longest environment name accepted: it is recorded on every
+/// rollout (`reward_source = env:<name>`), where the buffer bounds a
+/// metadata value at 4096 bytes.
+pub const MAX_ENV_NAME_BYTES: usize = 256;
+
+impl EnvInfo {
+    /// Refuses, by name, a description no rollout could carry.
+    pub fn check(&self) -> Result<(), EnvError> {
+        if self.name.is_empty() || self.name.len() > MAX_ENV_NAME_BYTES {
+            return Err(EnvError::new(
+                "garbage",
+                format!(
+                    "the environment's name is {} bytes (Describe): 1 to {MAX_ENV_NAME_BYTES}",
+                    self.name.len()
+                ),
+                false,
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// What an episode starts from.
 #[derive(Debug, Clone, Copy)]
 pub struct ResetInput<'a> {
@@ -277,6 +299,7 @@ async fn finish(
             .unwrap_or_else(|_| Err(EnvError::new("timeout", "Describe", true)))
     })
     .await
+    .and_then(|info| info.check().map(|()| info))
     .map_err(|e| anyhow::anyhow!("[actor.env] {:?}: {e}", cfg.endpoint))?;
     tracing::info!(
         "environment {:?}: up to {} turns, rewards in [{}, {}]",
@@ -313,6 +336,49 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
+
+    /// Describes itself with a name of `n` bytes; plays nothing.
+    struct Named(usize);
+
+    impl Environment for Named {
+        fn describe(&self) -> BoxFuture<'_, Result<EnvInfo, EnvError>> {
+            let name = "n".repeat(self.0);
+            Box::pin(async move {
+                Ok(EnvInfo {
+                    name,
+                    max_turns: 1,
+                    min_reward: 0.0,
+                    max_reward: 1.0,
+                })
+            })
+        }
+        fn reset<'a>(&'a self, _: ResetInput<'a>) -> BoxFuture<'a, Result<Started, EnvError>> {
+            Box::pin(async { Err(EnvError::new("error", "unused", false)) })
+        }
+        fn step<'a>(
+            &'a self,
+            _: &'a str,
+            _: Turn<'a>,
+        ) -> BoxFuture<'a, Result<StepOutcome, EnvError>> {
+            Box::pin(async { Err(EnvError::new("error", "unused", false)) })
+        }
+        fn close<'a>(&'a self, _: &'a str) -> BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    #[tokio::test]
+    async fn a_name_no_rollout_could_carry_is_refused_at_start() {
+        let cfg = EnvConfig {
+            kind: EnvKind::Grpc,
+            ..Default::default()
+        };
+        let tok = std::sync::Arc::new(bapo_policy::tokenizer::TextTokenizer::char_level());
+        let setup = |n| finish(&cfg, 16, std::sync::Arc::new(Named(n)), tok.clone(), None);
+        assert!(setup(MAX_ENV_NAME_BYTES).await.is_ok());
+        let e = setup(5000).await.err().unwrap().to_string();
+        assert!(e.contains("name is 5000 bytes"), "{e}");
+    }
 
     #[tokio::test]
     async fn retries_stop_at_success_at_the_limit_or_at_a_final_error() {

@@ -25,7 +25,9 @@ use std::{
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
-use tokio_tungstenite::tungstenite::{Message as Frame, protocol::WebSocketConfig};
+use tokio_tungstenite::tungstenite::{
+    Error as WsError, Message as Frame, protocol::WebSocketConfig,
+};
 
 use super::{
     EnvError, EnvInfo, Environment, Message, Observation, ResetInput, Started, StepOutcome, Turn,
@@ -33,9 +35,8 @@ use super::{
 };
 use crate::{http::Http, reward::BoxFuture};
 
-/// Largest frame read (openenv's own client allows 100 MB; tungstenite's
-/// default 16 MiB would refuse a large observation).
-const MAX_FRAME_BYTES: usize = 64 << 20;
+/// Largest HTTP answer read (`/health`, `/schema`, `/metadata`).
+const MAX_HTTP_BYTES: usize = 1 << 20;
 
 type Reply = oneshot::Sender<Result<Value, EnvError>>;
 
@@ -44,6 +45,17 @@ type Reply = oneshot::Sender<Result<Value, EnvError>>;
 struct Session {
     requests: mpsc::Sender<(String, Option<Reply>)>,
     _permit: OwnedSemaphorePermit,
+}
+
+impl Session {
+    /// Asks the server to end the episode; no reply comes (the server
+    /// closes the socket), and the permit goes with `self`.
+    async fn close(self) {
+        let _ = self
+            .requests
+            .send((json!({"type": "close"}).to_string(), None))
+            .await;
+    }
 }
 
 pub struct OpenEnv {
@@ -69,7 +81,7 @@ impl OpenEnv {
     ) -> Result<Self, EnvError> {
         let env = Self {
             base: base.trim_end_matches('/').to_string(),
-            http: Http::default(),
+            http: Http::new(MAX_HTTP_BYTES),
             cfg: cfg.clone(),
             sessions: Mutex::new(HashMap::new()),
             pool: Arc::new(Semaphore::new(cfg.max_sessions)),
@@ -110,14 +122,19 @@ impl OpenEnv {
             .get(id)
             .map(|s| s.requests.clone())
             .ok_or_else(|| error("not_found", format!("no open episode {id:?}"), false))?;
-        let (reply, answer) = oneshot::channel();
-        tx.send((frame.to_string(), Some(reply)))
-            .await
-            .map_err(|_| error("unavailable", "the connection is closed", false))?;
-        answer
-            .await
-            .map_err(|_| error("unavailable", "the connection closed", false))?
+        ask(&tx, frame).await
     }
+}
+
+/// Sends `frame` down a connection task's queue and waits for its reply.
+async fn ask(tx: &mpsc::Sender<(String, Option<Reply>)>, frame: Value) -> Result<Value, EnvError> {
+    let (reply, answer) = oneshot::channel();
+    tx.send((frame.to_string(), Some(reply)))
+        .await
+        .map_err(|_| error("unavailable", "the connection is closed", false))?;
+    answer
+        .await
+        .map_err(|_| error("unavailable", "the connection closed", false))?
 }
 
 /// The action of a turn: `template` with every `{text}` in its strings
@@ -224,6 +241,7 @@ pub fn outcome(frame: &Value, field: &str) -> Result<StepOutcome, EnvError> {
 async fn drive<S>(
     ws: tokio_tungstenite::WebSocketStream<S>,
     mut requests: mpsc::Receiver<(String, Option<Reply>)>,
+    max_frame: usize,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -260,8 +278,16 @@ async fn drive<S>(
                 }
                 Some(Ok(_)) => {} // pings are answered by the read itself
                 Some(Err(e)) => {
+                    let e = match e {
+                        WsError::Capacity(e) => error(
+                            "garbage",
+                            format!("{e}: over actor.env.openenv.max_frame_bytes = {max_frame}"),
+                            false,
+                        ),
+                        e => error("unavailable", format!("read: {e}"), false),
+                    };
                     if let Some(r) = pending.take() {
-                        let _ = r.send(Err(error("unavailable", format!("read: {e}"), false)));
+                        let _ = r.send(Err(e));
                     }
                     break;
                 }
@@ -313,39 +339,44 @@ impl Environment for OpenEnv {
             })?;
             let url = format!("ws{}/ws", self.base.trim_start_matches("http"));
             let config = WebSocketConfig::default()
-                .max_frame_size(Some(MAX_FRAME_BYTES))
-                .max_message_size(Some(MAX_FRAME_BYTES));
+                .max_frame_size(Some(self.cfg.max_frame_bytes))
+                .max_message_size(Some(self.cfg.max_frame_bytes));
             let (ws, _) =
                 tokio_tungstenite::connect_async_with_config(url.as_str(), Some(config), true)
                     .await
                     .map_err(|e| error("unavailable", format!("{url}: {e}"), true))?;
             let (tx, rx) = mpsc::channel(1);
-            tokio::spawn(drive(ws, rx));
-            let id = format!("openenv-{}", self.next.fetch_add(1, Ordering::Relaxed));
+            tokio::spawn(drive(ws, rx, self.cfg.max_frame_bytes));
+            // The session joins the table only once its reset answered: a
+            // reset abandoned by a timeout drops `tx` and the permit here,
+            // which ends the connection task, closes the socket and frees
+            // the server's session and this actor's slot.
             let session = Session {
                 requests: tx,
                 _permit: permit,
             };
-            self.sessions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(id.clone(), session);
             let frame = json!({"type": "reset", "data": {"seed": input.seed % (1 << 31)}});
-            let first = match self.request(&id, frame).await {
-                Ok(reply) => outcome(&reply, &self.cfg.observation_field),
-                Err(e) => Err(e),
-            };
-            let observation = first.and_then(|o| {
-                o.observation
-                    .ok_or_else(|| error("garbage", "reset answered no observation", false))
-            });
-            match observation {
-                Ok(observation) => Ok(Started {
-                    episode_id: id,
-                    observation,
-                }),
+            let first = ask(&session.requests, frame)
+                .await
+                .and_then(|reply| outcome(&reply, &self.cfg.observation_field))
+                .and_then(|o| {
+                    o.observation
+                        .ok_or_else(|| error("garbage", "reset answered no observation", false))
+                });
+            match first {
+                Ok(observation) => {
+                    let id = format!("openenv-{}", self.next.fetch_add(1, Ordering::Relaxed));
+                    self.sessions
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(id.clone(), session);
+                    Ok(Started {
+                        episode_id: id,
+                        observation,
+                    })
+                }
                 Err(mut e) => {
-                    self.close(&id).await;
+                    session.close().await;
                     // A refused session (capacity) is worth another try.
                     e.retryable |= e.reason == "capacity" || e.reason == "unavailable";
                     Err(e)
@@ -380,11 +411,7 @@ impl Environment for OpenEnv {
             .remove(episode_id);
         Box::pin(async move {
             if let Some(s) = session {
-                // No reply comes: the server closes the socket.
-                let _ = s
-                    .requests
-                    .send((json!({"type": "close"}).to_string(), None))
-                    .await;
+                s.close().await;
             }
         })
     }
@@ -393,6 +420,51 @@ impl Environment for OpenEnv {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A WebSocket server on a real socket that answers the first frame
+    /// with a text frame of `bytes` bytes.
+    async fn oversized_answer(bytes: usize) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+            let _ = ws.next().await;
+            let _ = ws.send(Frame::text("x".repeat(bytes))).await;
+            let _ = ws.next().await;
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_frame_over_the_bound_is_refused_by_name() {
+        let cfg = OpenEnvConfig {
+            max_frame_bytes: 4096,
+            ..Default::default()
+        };
+        let env = OpenEnv {
+            base: oversized_answer(64 << 10).await,
+            http: Http::new(MAX_HTTP_BYTES),
+            cfg,
+            sessions: Mutex::new(HashMap::new()),
+            pool: Arc::new(Semaphore::new(1)),
+            next: AtomicU64::new(0),
+        };
+        let p = bapo_tasks::Problem {
+            id: "p".into(),
+            prompt: String::new(),
+            answer: String::new(),
+            solution: String::new(),
+        };
+        let input = ResetInput {
+            task: "t",
+            problem: &p,
+            seed: 1,
+        };
+        let e = env.reset(input).await.unwrap_err();
+        assert_eq!(e.reason, "garbage", "{e}");
+        assert!(e.message.contains("max_frame_bytes = 4096"), "{e}");
+    }
 
     #[test]
     fn the_action_carries_the_turn_text_escaped() {

@@ -20,6 +20,13 @@ use bapo_policy::{chat::ChatTemplate, tokenizer::TextTokenizer};
 
 use super::{Message, Observation, config::TruncateSide};
 
+/// Bytes of text kept per token of the cap before tokenizing: an
+/// observation is cut to `max_tokens x` this on its kept side first, so a
+/// megabyte of tool output costs what its cap does, not a tokenization of
+/// the whole. A token of ordinary text is a few bytes, so the cut text
+/// still holds more tokens than the cap, and the cap decides what is kept.
+pub const PRECUT_BYTES_PER_TOKEN: usize = 64;
+
 /// Stands in for the model's turn while a template is rendered; no model
 /// writes it.
 const SENTINEL: &str = "\u{2063}bapo-model-turn\u{2063}";
@@ -111,10 +118,11 @@ impl Renderer {
                 })
             }
             Observation::Text(t) => {
+                let (t, precut) = self.precut(t, self.max_tokens);
                 let (ids, truncated) = self.cap(self.encode(t)?);
                 Ok(Rendered {
                     tokens: ids,
-                    truncated,
+                    truncated: truncated || precut,
                 })
             }
             Observation::Messages(m) => self.messages_after_turn(m, stop),
@@ -166,8 +174,9 @@ impl Renderer {
         let mut cut = false;
         let mut out = Vec::with_capacity(m.len());
         for msg in m {
-            let ids = self.encode(&msg.content)?;
-            let content = if ids.len() <= left {
+            let (text, precut) = self.precut(&msg.content, left);
+            let ids = self.encode(text)?;
+            let content = if ids.len() <= left && !precut {
                 left -= ids.len();
                 msg.content.clone()
             } else {
@@ -181,6 +190,28 @@ impl Renderer {
             out.push(Message::new(&msg.role, content));
         }
         Ok((out, cut))
+    }
+
+    /// `text` cut on its kept side to what `tokens` tokens could hold at
+    /// most ([`PRECUT_BYTES_PER_TOKEN`]), at a character boundary; whether
+    /// anything was cut.
+    fn precut<'t>(&self, text: &'t str, tokens: usize) -> (&'t str, bool) {
+        let max = tokens.saturating_mul(PRECUT_BYTES_PER_TOKEN);
+        if text.len() <= max {
+            return (text, false);
+        }
+        let cut = match self.side {
+            TruncateSide::Right => {
+                let end = (0..=max).rev().find(|&i| text.is_char_boundary(i));
+                &text[..end.unwrap_or(0)]
+            }
+            TruncateSide::Left => {
+                let from = text.len() - max;
+                let start = (from..=text.len()).find(|&i| text.is_char_boundary(i));
+                &text[start.unwrap_or(text.len())..]
+            }
+        };
+        (cut, true)
     }
 
     fn cap(&self, ids: Vec<u32>) -> (Vec<u32>, bool) {
@@ -294,6 +325,40 @@ mod tests {
         let r = Renderer::new(tok.clone(), None, None, 64, TruncateSide::Left);
         let whole = r.after_turn(&obs, None).unwrap();
         assert_eq!(tok.decode(&whole.tokens).unwrap(), "<result>408</result>");
+    }
+
+    #[test]
+    fn a_huge_observation_is_cut_before_it_is_tokenized() {
+        let tok = Arc::new(TextTokenizer::char_level());
+        // 4 MiB of two-byte characters after a short head, and the reverse.
+        let head = format!("head{}", "é".repeat(2 << 20));
+        let tail = format!("{}tail", "é".repeat(2 << 20));
+        for (side, text, kept) in [
+            (TruncateSide::Right, &head, "head"),
+            (TruncateSide::Left, &tail, "tail"),
+        ] {
+            let r = Renderer::new(tok.clone(), None, None, 4, side);
+            let (cut, precut) = r.precut(text, 4);
+            assert!(
+                precut && cut.len() <= 4 * PRECUT_BYTES_PER_TOKEN,
+                "{}",
+                cut.len()
+            );
+            let out = r
+                .after_turn(&Observation::Text(text.clone()), None)
+                .unwrap();
+            assert!(out.truncated);
+            assert_eq!(tok.decode(&out.tokens).unwrap(), kept);
+            let msgs = Observation::Messages(vec![Message::new("tool", text)]);
+            let out = r.after_turn(&msgs, None).unwrap();
+            assert_eq!(
+                (tok.decode(&out.tokens).unwrap().as_str(), out.truncated),
+                (kept, true)
+            );
+        }
+        // Within the bound nothing is cut before the cap.
+        let r = Renderer::new(tok.clone(), None, None, 4, TruncateSide::Right);
+        assert_eq!(r.precut("short", 4), ("short", false));
     }
 
     #[test]

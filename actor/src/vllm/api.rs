@@ -82,6 +82,11 @@ pub struct VersionSpan {
     pub end: usize,
 }
 
+/// Largest answer read from the engine: a completion's text, token ids and
+/// log-probs are about 100 bytes a token, so 64 MiB holds n = 16 samples of
+/// 32k tokens; a bigger answer is an error, not an allocation.
+pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
+
 /// How `/pause` treats requests in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pause {
@@ -95,7 +100,7 @@ pub enum Pause {
 impl Api {
     pub fn new(base: &str, model: &str) -> Self {
         Self {
-            http: crate::http::Http::default(),
+            http: crate::http::Http::new(MAX_RESPONSE_BYTES),
             base: base.trim_end_matches('/').to_string(),
             model: model.to_string(),
         }
