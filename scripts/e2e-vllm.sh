@@ -23,7 +23,10 @@
 #      vLLM, members at once; checks the books, several weight versions,
 #      turns beyond the first with observations in the responses, the
 #      engine's log-probs against the learner's, and that no vLLM process
-#      outlives the run.
+#      of the run outlives it.
+#
+# It signals only the processes it started (found below its own runs'
+# pids), never another vLLM on the machine.
 #
 #   scripts/e2e-vllm.sh [GSM8K_JSONL]   # default ../shared/data/gsm8k/test.jsonl
 #
@@ -41,6 +44,20 @@ OUT="${BAPO_E2E_OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 start=$(date +%s)
 say() { printf 'e2e-vllm: %s\n' "$*" >&2; }
+# The processes below pid $1 (children, their children, ...).
+below() {
+  local kid
+  for kid in $(ps -o pid= --ppid "$1" 2>/dev/null); do echo "$kid"; below "$kid"; done
+}
+# The vLLM processes this script started, below pid $1: never a vLLM of
+# someone else's on the same machine.
+vllm_below() {
+  local p
+  for p in $(below "$1"); do
+    grep -qaE "${2:-vllm.entrypoints.openai.api_server|VLLM::}" "/proc/$p/cmdline" 2>/dev/null && echo "$p"
+  done
+  return 0
+}
 
 bash scripts/vllm-env.sh >&2
 bash scripts/convert-smollm2.sh >&2
@@ -72,7 +89,8 @@ killed=0
 while kill -0 "$run_pid" 2>/dev/null; do
   steps=$(grep -c '"step"' "$OUT/run/metrics.jsonl" 2>/dev/null || true)
   if [[ "$killed" == 0 && "${steps:-0}" -ge 2 ]]; then
-    if pkill -9 -f 'vllm.entrypoints.openai.api_server'; then
+    server=$(vllm_below "$run_pid" vllm.entrypoints.openai.api_server)
+    if [[ -n "$server" ]] && kill -9 $server; then
       say "killed the vLLM server after $steps learner steps"
       killed=1
     fi
@@ -103,10 +121,20 @@ say "bapo run --engine vllm --task arith-tool: episodes on vLLM"
 # The built-in tiny model (warm start and all), its actor on vLLM: the
 # warm start calls the calculator, so episodes have several turns.
 "$BAPO" run --quiet --engine vllm --task arith-tool --steps 30 --actors 1 \
-  --out "$OUT/tool-run" >"$OUT/tool-run.out" 2>"$OUT/tool-run.err" \
-  || { tail -50 "$OUT/tool-run.err" >&2; say "bapo run --engine vllm failed ($OUT)"; exit 1; }
-left=$(pgrep -f 'vllm.entrypoints.openai.api_server|VLLM::' || true)
-[[ -z "$left" ]] || { say "vLLM processes outlived the run: $left"; exit 1; }
+  --out "$OUT/tool-run" >"$OUT/tool-run.out" 2>"$OUT/tool-run.err" &
+run_pid=$!
+seen=""
+while kill -0 "$run_pid" 2>/dev/null; do
+  seen="$seen $(vllm_below "$run_pid")"
+  sleep 2
+done
+wait "$run_pid" || { tail -50 "$OUT/tool-run.err" >&2; say "bapo run --engine vllm failed ($OUT)"; exit 1; }
+[[ -n "${seen// /}" ]] || { say "no vLLM process was seen under the run"; exit 1; }
+left=""
+for p in $seen; do
+  [[ -d /proc/$p ]] && grep -qaE 'vllm.entrypoints.openai.api_server|VLLM::' "/proc/$p/cmdline" 2>/dev/null && left="$left $p"
+done
+[[ -z "$left" ]] || { say "vLLM processes of the run outlived it:$left"; exit 1; }
 python3 - "$OUT/tool-run" <<'PY'
 import json, pathlib, re, sys
 run = pathlib.Path(sys.argv[1])

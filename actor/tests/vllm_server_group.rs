@@ -20,10 +20,16 @@ use bapo_actor::vllm::{
 use tokio::sync::watch;
 
 /// Stands in for `python -m vllm...`: an "engine" in the background, as
-/// vLLM's API server starts, then waits; both pids written down.
+/// vLLM's API server starts, then waits; all pids written down. A third
+/// process leaves the group and the session (`setsid`), as a
+/// daemonizing helper would, and its parent exits: only the leader's
+/// subreaper role and its walk of /proc can find it.
 const FAKE_PYTHON: &str = r#"#!/bin/sh
 sleep 300 &
 echo $! > "$FAKE_DIR/engine.pid.tmp" && mv "$FAKE_DIR/engine.pid.tmp" "$FAKE_DIR/engine.pid"
+sh -c 'setsid sh -c "echo \$\$ > \"$FAKE_DIR/escaped.pid.tmp\"; exec sleep 300" &'
+until [ -s "$FAKE_DIR/escaped.pid.tmp" ]; do sleep 0.05; done
+mv "$FAKE_DIR/escaped.pid.tmp" "$FAKE_DIR/escaped.pid"
 echo $$ > "$FAKE_DIR/server.pid.tmp" && mv "$FAKE_DIR/server.pid.tmp" "$FAKE_DIR/server.pid"
 wait
 "#;
@@ -71,24 +77,26 @@ fn wait_until(what: &str, secs: u64, f: impl Fn() -> bool) {
     }
 }
 
-/// The fake server's and engine's pids, once both are up.
-fn pids(dir: &Path) -> [i32; 2] {
+/// The fake server's, engine's and escaped helper's pids, once all are up.
+fn pids(dir: &Path) -> [i32; 3] {
     let read = |name: &str| {
         std::fs::read_to_string(dir.join(name))
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok())
     };
     wait_until("the fake server never started", 60, || {
-        read("server.pid").is_some() && read("engine.pid").is_some()
+        ["server.pid", "engine.pid", "escaped.pid"]
+            .iter()
+            .all(|f| read(f).is_some())
     });
-    let pids = [read("server.pid").unwrap(), read("engine.pid").unwrap()];
+    let pids = ["server.pid", "engine.pid", "escaped.pid"].map(|f| read(f).unwrap());
     assert!(pids.iter().all(|&p| alive(p)), "{pids:?} not running");
     pids
 }
 
-fn all_gone(pids: [i32; 2], after: &str) {
+fn all_gone(pids: [i32; 3], after: &str) {
     wait_until(
-        &format!("server or engine {pids:?} still running after {after}"),
+        &format!("server, engine or escaped {pids:?} still running after {after}"),
         30,
         || pids.iter().all(|&p| !alive(p)),
     );

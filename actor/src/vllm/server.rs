@@ -10,8 +10,9 @@
 //! of their own, killed whole when the actor stops it, restarts it, or
 //! drops it; and a small `sh` leader in that group, told to take a
 //! SIGTERM when the actor dies (`PR_SET_PDEATHSIG`, even by SIGKILL),
-//! kills the group. The API server alone would take its engine and
-//! worker processes with it only on a graceful exit.
+//! kills the group and every process below it, those that left the
+//! group included (see [`GROUP_LEADER`]). The API server alone would take
+//! its engine and worker processes with it only on a graceful exit.
 
 use std::{
     path::{Path, PathBuf},
@@ -106,8 +107,9 @@ impl Launch {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
-            .process_group(0)
-            .kill_on_drop(true);
+            // Not `kill_on_drop`: a SIGKILL would stop the leader before
+            // it kills what left its group ([`Running`] signals it).
+            .process_group(0);
         // An actor that died between the fork and the prctl sends no
         // signal: the leader then finds itself adopted and does not start.
         // SAFETY: prctl and getppid are async-signal-safe and touch no
@@ -116,6 +118,7 @@ impl Launch {
         unsafe {
             cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
                 if libc::getppid() != actor {
                     // No allocation after the fork: a raw OS error.
                     return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
@@ -128,9 +131,26 @@ impl Launch {
 }
 
 /// The server's `sh` leader runs the server in the background and waits
-/// for it; a SIGTERM (the actor died), SIGHUP or SIGINT kills the whole
-/// group, itself included.
-const GROUP_LEADER: &str = r#"trap 'kill -KILL 0' TERM HUP INT; "$@" & wait $!"#;
+/// for it. It is a child subreaper (set before its exec), so a process
+/// of the server's that left the group (`setsid`, a daemon's double fork)
+/// is re-parented to it, not to init, once its own parent is gone. A
+/// SIGTERM (the actor died), SIGHUP or SIGINT makes it kill every process
+/// below it (found by parent links in /proc, so those outside the group
+/// too), then the group, itself included; when the server exits on its
+/// own, it kills what is left below it and exits with the server's
+/// status.
+const GROUP_LEADER: &str = r#"
+below() {
+  grep -H '^PPid:' /proc/[0-9]*/status 2>/dev/null | awk -F'[/:\t ]+' -v root=$$ '
+    { kids[$NF] = kids[$NF] " " $3 }
+    END { q = root; while (q != "") { n = split(q, a, " "); q = "";
+      for (i = 1; i <= n; i++) { m = split(kids[a[i]], c, " ");
+        for (j = 1; j <= m; j++) { print c[j]; q = q " " c[j] } } } }'
+}
+reap() { for _ in 1 2 3; do p=$(below); [ -n "$p" ] || break; kill -KILL $p 2>/dev/null; done; }
+trap 'trap "" TERM HUP INT; reap; kill -KILL 0' TERM HUP INT
+"$@" & wait $!; s=$?
+trap '' TERM HUP INT; reap; exit $s"#;
 
 /// `sh`'s status when the command could not be found or run.
 const NOT_RUNNABLE: [i32; 2] = [126, 127];
@@ -141,18 +161,42 @@ const NOT_RUNNABLE: [i32; 2] = [126, 127];
 /// and been reaped, `child.id()` is gone but the rest of its group is not.
 struct Running {
     child: Child,
-    group: Option<u32>,
+    group: u32,
 }
 
+/// How long the leader may take to kill what is below it.
+const REAP_GRACE: Duration = Duration::from_secs(10);
+
 impl Running {
+    /// Asks the leader to kill everything below it, then its group; with
+    /// the leader gone, kills the group directly (what left it was
+    /// killed by the leader when the server exited).
     fn kill(&mut self) {
-        if let Some(pgid) = self.group.take() {
-            // SAFETY: a plain signal to a process group we created.
-            unsafe {
-                libc::killpg(pgid as i32, libc::SIGKILL);
+        let leader_up = matches!(self.child.try_wait(), Ok(None));
+        // SAFETY: plain signals to the process and group we created.
+        unsafe {
+            if leader_up {
+                libc::kill(self.group as i32, libc::SIGTERM);
+            } else {
+                libc::killpg(self.group as i32, libc::SIGKILL);
             }
         }
-        let _ = self.child.start_kill();
+    }
+
+    /// Kills and waits for the leader, SIGKILL to the group past
+    /// [`REAP_GRACE`].
+    async fn stop(&mut self) {
+        self.kill();
+        if tokio::time::timeout(REAP_GRACE, self.child.wait())
+            .await
+            .is_err()
+        {
+            // SAFETY: as in `kill`.
+            unsafe {
+                libc::killpg(self.group as i32, libc::SIGKILL);
+            }
+            let _ = self.child.wait().await;
+        }
     }
 }
 
@@ -191,18 +235,19 @@ pub async fn supervise(
             source,
         })?;
         // `process_group(0)`: the group id is the leader's pid.
-        let mut server = Running {
-            group: child.id(),
-            child,
-        };
+        // (`id()` is `None` only once tokio has reaped it: not yet.)
+        let group = child.id().ok_or_else(|| ServerError::Spawn {
+            python: launch.cfg.python.display().to_string(),
+            source: std::io::Error::other("the leader was reaped before its pid was read"),
+        })?;
+        let mut server = Running { group, child };
         tracing::info!(url = %launch.url(), log = %launch.log.display(), "vLLM server starting");
         let started = Instant::now();
         let why = tokio::select! {
             why = watch_one(&api, &mut server.child, &launch.cfg, &up) => Some(why),
             _ = stop.wait_for(|s| *s) => None,
         };
-        server.kill();
-        let _ = server.child.wait().await;
+        server.stop().await;
         let why = match why {
             None => return Ok(()),
             Some(Down::Because(why)) => why,
