@@ -121,7 +121,7 @@ pub fn start(
 ) -> anyhow::Result<Started> {
     cfg.validate()?;
     let (weights_dir, own_dir) = if cfg.weights_dir.as_os_str().is_empty() {
-        let d = tempfile::Builder::new().prefix("bapo-vllm-").tempdir()?;
+        let d = weights_dir::own_temporary()?;
         (d.path().to_path_buf(), Some(d))
     } else {
         weights_dir::claim(&cfg.weights_dir)?;
@@ -160,6 +160,7 @@ pub fn start(
         weights_dir,
         mode,
         reload_timeout: Duration::from_secs_f64(cfg.reload_timeout_s),
+        lora_rank: cfg.lora_rank,
         lora: sync::LoraState::default(),
     };
     let loading = tokio::spawn(sync::follow(loader, weights, up_rx, ready_tx, stop));

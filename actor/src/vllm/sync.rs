@@ -3,6 +3,12 @@
 //! temporary directory renamed into place), then the engine pauses,
 //! reloads it, relabels the tokens it makes from then on, and resumes.
 //!
+//! The directory holds what a load needs and no more: before a version
+//! is written, every other version of bapo's there goes (the engine keeps
+//! what it loaded in memory; under LoRA the serving adapter and the one
+//! before it stay, as vLLM may read them again), so reloads that keep
+//! failing while new versions arrive write over one copy, not one each.
+//!
 //! The slots see a version only once the engine holds it: `ready` carries
 //! the version the engine serves, or `None` while it is down, restarting,
 //! or in an unknown state. Before a reload the engine's label is set to
@@ -37,6 +43,9 @@ pub struct Loader {
     pub weights_dir: PathBuf,
     pub mode: UpdateMode,
     pub reload_timeout: Duration,
+    /// `actor.vllm.lora_rank`: the adapters' rank the engine was set up
+    /// for (0: full weights only).
+    pub lora_rank: usize,
     /// Under LoRA: what the engine holds since it last came up.
     pub lora: LoraState,
 }
@@ -59,6 +68,14 @@ pub enum SyncError {
          (start it from the learner's model directory)"
     )]
     ModelMismatch(String),
+    /// The stream carries LoRA adapters the engine was not set up for:
+    /// every load would fail, so the actor stops instead of retrying.
+    #[error(
+        "the learner publishes LoRA adapters of rank {rank}, but actor.vllm.lora_rank = \
+         {configured}: set it to {rank} (bapo run does; a sidecar server also needs \
+         --enable-lora --max-lora-rank {rank} or more)"
+    )]
+    Lora { rank: usize, configured: usize },
 }
 
 /// Keeps the engine on the newest weights of `weights` until `stop`;
@@ -86,6 +103,7 @@ pub async fn follow(
             && loaded != Some((v.version, v.incarnation))
             && retry_at.is_none_or(|t| t <= tokio::time::Instant::now())
         {
+            check_lora(loader.lora_rank, &v)?;
             if loaded.is_none() {
                 check_model(&loader.api, &v).await?;
             }
@@ -155,6 +173,7 @@ impl Loader {
             "base-{:016x}",
             v.policy.model.lora.as_ref().map_or(0, |a| a.base)
         );
+        weights_dir::prune(&self.weights_dir, |n| n == name);
         let dir = self.write(&base, &name).await?;
         self.swap(&dir, UNKNOWN).await
     }
@@ -164,6 +183,7 @@ impl Loader {
     async fn load_adapter(&mut self, v: &Arc<Versioned>) -> anyhow::Result<()> {
         let t0 = Instant::now();
         let name = label(v.incarnation, v.version);
+        self.prune_adapters(&name);
         let dir = self.write_adapter(v, &name).await?;
         let short = Duration::from_secs(30);
         let restart = self.mode == UpdateMode::Restart;
@@ -194,14 +214,21 @@ impl Loader {
             "vLLM serves LoRA adapter {name} ({:.2} s)",
             t0.elapsed().as_secs_f64()
         );
-        let keep: Vec<&str> = [Some(name.as_str()), self.lora.previous.as_deref()]
-            .into_iter()
-            .flatten()
-            .collect();
-        weights_dir::prune(&self.weights_dir, |n| {
-            keep.contains(&n) || n.starts_with("base-")
-        });
+        self.prune_adapters(&name);
         Ok(())
+    }
+
+    /// Removes every adapter but `name` and the two the engine may still
+    /// read (serving and previous); bases stay.
+    fn prune_adapters(&self, name: &str) {
+        let keep = [
+            Some(name),
+            self.lora.serving.as_deref(),
+            self.lora.previous.as_deref(),
+        ];
+        weights_dir::prune(&self.weights_dir, |n| {
+            keep.contains(&Some(n)) || n.starts_with("base-")
+        });
     }
 
     /// Writes `v`'s adapters to `<weights_dir>/<name>` (PEFT's format).
@@ -231,6 +258,7 @@ impl Loader {
     async fn load_full(&self, v: &Arc<Versioned>) -> anyhow::Result<()> {
         let t0 = Instant::now();
         let name = label(v.incarnation, v.version);
+        weights_dir::prune(&self.weights_dir, |n| n == name);
         let dir = self.write(v, &name).await?;
         self.swap(&dir, &name).await?;
         histogram!(names::ENGINE_RELOAD_SECONDS).record(t0.elapsed().as_secs_f64());
@@ -288,6 +316,20 @@ impl Loader {
     }
 }
 
+/// Refuses adapters the engine cannot load: LoRA versions into an engine
+/// set up without LoRA, or of a rank above the one it was set up for.
+fn check_lora(configured: usize, v: &Versioned) -> Result<(), SyncError> {
+    let Some(adapters) = &v.policy.model.lora else {
+        return Ok(());
+    };
+    let rank = adapters.rank();
+    let max = super::config::vllm_max_lora_rank(configured).unwrap_or(0);
+    if configured == 0 || rank > max {
+        return Err(SyncError::Lora { rank, configured });
+    }
+    Ok(())
+}
+
 /// Refuses a server whose model is not the learner's architecture (its
 /// reload would fail on every version, or worse, load into other shapes).
 async fn check_model(api: &Api, v: &Versioned) -> Result<(), SyncError> {
@@ -322,5 +364,98 @@ async fn check_model(api: &Api, v: &Versioned) -> Result<(), SyncError> {
         Ok(())
     } else {
         Err(SyncError::ModelMismatch(wrong.join(", ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version(v: u64) -> Arc<Versioned> {
+        Arc::new(Versioned {
+            version: v,
+            incarnation: 1,
+            policy: bapo_policy::testing::tiny_policy(v),
+        })
+    }
+
+    fn versions_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| weights_dir::is_ours(n))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// An engine that never answers: every load fails after its write.
+    /// New versions keep arriving, and the directory keeps one copy.
+    #[tokio::test]
+    async fn failing_reloads_do_not_pile_up_copies() {
+        let dir = tempfile::tempdir().unwrap();
+        let port = super::super::server::free_port().unwrap();
+        let loader = Loader {
+            api: Api::new(&format!("http://127.0.0.1:{port}"), "bapo"),
+            weights_dir: dir.path().to_path_buf(),
+            mode: UpdateMode::Partial,
+            reload_timeout: Duration::from_secs(1),
+            lora_rank: 0,
+            lora: LoraState::default(),
+        };
+        for v in 1..=4 {
+            assert!(loader.load_full(&version(v)).await.is_err());
+            assert_eq!(versions_in(dir.path()), [label(1, v)], "after v{v}");
+        }
+    }
+
+    /// An actor started alone without `lora_rank` (or with a smaller
+    /// one) stops on the first LoRA version, naming the setting, instead
+    /// of retrying adapter loads forever while it looks healthy.
+    #[tokio::test]
+    async fn lora_versions_into_an_engine_without_lora_stop_the_actor() {
+        let p = bapo_policy::testing::tiny_policy(1);
+        let lora = bapo_policy::lora::LoraConfig {
+            rank: 16,
+            ..Default::default()
+        };
+        let model = bapo_policy::lora::attach(p.model.clone(), &p.config, &lora);
+        let device = p.device();
+        let v = Arc::new(Versioned {
+            version: 1,
+            incarnation: 1,
+            policy: bapo_policy::Policy::with_model(p.config.clone(), model, &device),
+        });
+        for configured in [0, 4] {
+            let e = check_lora(configured, &v).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("actor.vllm.lora_rank = {configured}")),
+                "{e}"
+            );
+        }
+        check_lora(16, &v).unwrap(); // also 9: vLLM's next bucket is 16
+        check_lora(9, &v).unwrap();
+        check_lora(0, &version(1)).unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        let port = super::super::server::free_port().unwrap();
+        let loader = Loader {
+            api: Api::new(&format!("http://127.0.0.1:{port}"), "bapo"),
+            weights_dir: dir.path().to_path_buf(),
+            mode: UpdateMode::Partial,
+            reload_timeout: Duration::from_secs(1),
+            lora_rank: 0,
+            lora: LoraState::default(),
+        };
+        let (_w_tx, weights) = watch::channel(Some(v));
+        let (_up_tx, up) = watch::channel(true);
+        let (ready, _) = watch::channel(None);
+        let (_stop_tx, stop) = watch::channel(false);
+        let run = follow(loader, weights, up, ready, stop);
+        let r = tokio::time::timeout(Duration::from_secs(30), run).await;
+        assert!(
+            matches!(r, Ok(Err(SyncError::Lora { rank: 16, .. }))),
+            "{r:?}"
+        );
     }
 }

@@ -8,11 +8,21 @@
 //! private (0700: the weights are the learner's), and deletes only the
 //! names it writes: version labels `I.V`, LoRA bases `base-<hex>`, and
 //! their `.tmp-` forms while being written.
+//!
+//! Without `weights_dir`, an actor writes into a temporary directory of
+//! its own (`bapo-vllm-*`), removed when it exits. One killed cannot
+//! remove it, so each records its owner (pid and start time, [`OWNER`]),
+//! and an actor starting removes those whose owner is gone.
 
 use std::path::Path;
 
 /// The file that marks a directory as bapo's weights directory.
 pub const MARKER: &str = ".bapo-weights";
+/// In an actor's own temporary directory: `<pid> <start time>` of the
+/// actor (the start time tells a reused pid apart).
+pub const OWNER: &str = ".bapo-owner";
+/// The name prefix of an actor's own temporary directory.
+pub const OWN_PREFIX: &str = "bapo-vllm-";
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsDirError {
@@ -89,6 +99,56 @@ pub fn prune(dir: &Path, keep: impl Fn(&str) -> bool) {
     }
 }
 
+/// A process's identity: its pid and start time (clock ticks after boot,
+/// `/proc/<pid>/stat`); `None` once it is gone or a zombie.
+fn identity(pid: u32) -> Option<(u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    if rest.first() == Some(&"Z") {
+        return None;
+    }
+    Some((pid, rest.get(19)?.parse().ok()?))
+}
+
+/// A new private temporary directory for this actor's versions, marked
+/// as bapo's and as this process's; first removes those of actors that
+/// are gone (killed before they could remove their own).
+pub fn own_temporary() -> std::io::Result<tempfile::TempDir> {
+    sweep(&std::env::temp_dir());
+    let dir = tempfile::Builder::new().prefix(OWN_PREFIX).tempdir()?;
+    std::fs::write(dir.path().join(MARKER), "bapo's vLLM weight versions\n")?;
+    if let Some((pid, start)) = identity(std::process::id()) {
+        std::fs::write(dir.path().join(OWNER), format!("{pid} {start}\n"))?;
+    }
+    Ok(dir)
+}
+
+/// Removes the actors' own directories in `tmp` whose owner is gone; one
+/// without an owner record (being made, or made elsewhere) is left.
+pub fn sweep(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if !e.file_name().to_string_lossy().starts_with(OWN_PREFIX) {
+            continue;
+        }
+        let Ok(owner) = std::fs::read_to_string(path.join(OWNER)) else {
+            continue;
+        };
+        let mut it = owner.split_whitespace().map(str::parse::<u64>);
+        let (Some(Ok(pid)), Some(Ok(start))) = (it.next(), it.next()) else {
+            continue;
+        };
+        let gone = u32::try_from(pid).map_or(true, |pid| identity(pid) != Some((pid, start)));
+        if gone && path.join(MARKER).exists() {
+            tracing::info!("removing {} (its actor is gone)", path.display());
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,5 +196,37 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, [MARKER, "1.2", "base-0a", "ext", "notes"]);
+    }
+
+    /// A directory whose actor was killed (a real process, SIGKILL) is
+    /// removed by the next actor; a living actor's, and one without an
+    /// owner record, are not.
+    #[test]
+    fn the_directory_of_a_killed_actor_is_swept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let own = |name: &str, owner: Option<String>| {
+            let d = tmp.path().join(format!("{OWN_PREFIX}{name}"));
+            std::fs::create_dir_all(d.join("1.2")).unwrap();
+            std::fs::write(d.join(MARKER), "").unwrap();
+            if let Some(o) = owner {
+                std::fs::write(d.join(OWNER), o).unwrap();
+            }
+            d
+        };
+        let mut killed = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let (pid, start) = identity(killed.id()).unwrap();
+        killed.kill().unwrap();
+        killed.wait().unwrap();
+        let dead = own("dead", Some(format!("{pid} {start}")));
+        let (me, my_start) = identity(std::process::id()).unwrap();
+        let alive = own("alive", Some(format!("{me} {my_start}")));
+        let reused = own("reused", Some(format!("{me} {}", my_start + 1)));
+        let unowned = own("unowned", None);
+        sweep(tmp.path());
+        assert!(!dead.exists() && !reused.exists());
+        assert!(alive.exists() && unowned.exists());
     }
 }
