@@ -1,22 +1,55 @@
 //! One plain-HTTP/1 JSON exchange on tonic's hyper stack: the actor's
 //! sidecar servers (vLLM, an OpenEnv server) speak it on loopback or in
-//! the pod network.
+//! the pod network, or on a Unix socket (a vLLM server the actor started,
+//! reachable by nobody else).
 
-use std::time::Duration;
+use std::{
+    future::Future,
+    path::{Path, PathBuf},
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
-    rt::TokioExecutor,
+    rt::{TokioExecutor, TokioIo},
 };
 use serde_json::Value;
 
 /// A pooled HTTP/1 client whose answers are read up to a bound.
 #[derive(Clone)]
 pub struct Http {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Transport,
     max_body: usize,
+}
+
+#[derive(Clone)]
+enum Transport {
+    Tcp(Client<HttpConnector, Full<Bytes>>),
+    Unix(Client<UnixConnector, Full<Bytes>>),
+}
+
+/// Connects every request to one Unix socket, whatever its URL's host.
+#[derive(Clone)]
+struct UnixConnector(Arc<PathBuf>);
+
+impl tower_service::Service<hyper::Uri> for UnixConnector {
+    type Response = TokioIo<tokio::net::UnixStream>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = std::io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: hyper::Uri) -> Self::Future {
+        let path = self.0.clone();
+        Box::pin(async move { Ok(TokioIo::new(tokio::net::UnixStream::connect(&*path).await?)) })
+    }
 }
 
 impl Http {
@@ -25,7 +58,17 @@ impl Http {
     /// kept in memory.
     pub fn new(max_body: usize) -> Self {
         Self {
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: Transport::Tcp(Client::builder(TokioExecutor::new()).build_http()),
+            max_body,
+        }
+    }
+
+    /// The same, every request sent to the Unix socket at `path` (the
+    /// URL's host is then only a name: `http://localhost/health`).
+    pub fn unix(path: &Path, max_body: usize) -> Self {
+        let connector = UnixConnector(Arc::new(path.to_path_buf()));
+        Self {
+            client: Transport::Unix(Client::builder(TokioExecutor::new()).build(connector)),
             max_body,
         }
     }
@@ -48,7 +91,11 @@ impl Http {
             .body(Full::new(Bytes::from(bytes)))
             .map_err(|e| e.to_string())?;
         let exchange = async {
-            let resp = self.client.request(req).await.map_err(|e| e.to_string())?;
+            let resp = match &self.client {
+                Transport::Tcp(c) => c.request(req).await,
+                Transport::Unix(c) => c.request(req).await,
+            }
+            .map_err(|e| e.to_string())?;
             let status = resp.status().as_u16();
             let max = self.max_body;
             let body = Limited::new(resp.into_body(), max)
@@ -87,6 +134,28 @@ mod tests {
             let _ = tcp.write_all(&vec![b'x'; bytes]).await;
         });
         format!("http://{addr}/")
+    }
+
+    #[tokio::test]
+    async fn a_unix_socket_carries_the_exchange() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(buf[..n].starts_with(b"GET /health HTTP/1.1"));
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await;
+        });
+        let http = Http::unix(&path, 1000);
+        let t = Duration::from_secs(5);
+        let got = http
+            .exchange("GET", "http://localhost/health", None, t)
+            .await;
+        assert_eq!(got, Ok((200, "ok".to_string())));
     }
 
     #[tokio::test]

@@ -207,12 +207,13 @@ async fn a_real_vllm_engine_serves_versions_matches_and_recovers() {
 
     // 4. Kill the server: the supervisor restarts it, the loader puts v2
     // back before anything is served.
-    let port = engine.url().rsplit(':').next().unwrap().to_string();
+    // Its socket path is this actor's own: only its server matches.
+    let socket = engine.url().strip_prefix("unix:").unwrap().to_string();
     let killed = std::process::Command::new("pkill")
-        .args(["-9", "-f", &format!("api_server.*--port {port}")])
+        .args(["-9", "-f", &format!("api_server.*--uds {socket}")])
         .status()
         .unwrap();
-    assert!(killed.success(), "no vLLM server on port {port} to kill");
+    assert!(killed.success(), "no vLLM server on {socket} to kill");
     let t_kill = Instant::now();
     tokio::time::timeout(Duration::from_secs(60), serving.wait_for(|c| c.is_none()))
         .await

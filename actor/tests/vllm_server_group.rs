@@ -47,7 +47,7 @@ fn launch(dir: &Path, python: PathBuf) -> Launch {
     Launch {
         cfg,
         model_dir: dir.to_path_buf(),
-        port: server::free_port().unwrap(),
+        socket: dir.join("vllm.sock"),
         ext_dir: dir.join("ext"),
         log: dir.join("vllm.log"),
     }
@@ -195,4 +195,98 @@ async fn a_server_that_keeps_dying_is_given_up_with_its_last_words() {
     let msg = err.to_string();
     assert!(msg.contains("gave up after 1 restarts"), "{msg}");
     assert!(msg.contains("ValueError: no such model"), "{msg}");
+}
+
+/// Stands in for a server on `--uds PATH`: answers `GET /health` with
+/// 200 on that Unix socket, and nothing on any TCP port.
+const FAKE_UDS_SERVER: &str = r#"#!/bin/sh
+exec python3 - "$@" <<'PY'
+import socket, sys
+path = sys.argv[sys.argv.index("--uds") + 1]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+s.listen(8)
+while True:
+    c, _ = s.accept()
+    c.recv(4096)
+    c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+    c.close()
+PY
+"#;
+
+/// A started server is reached on a Unix socket in the actor's private
+/// directory (0700), a stale socket file there is replaced, and the
+/// server's dev endpoints are on no TCP port.
+#[tokio::test]
+async fn a_started_server_is_reached_on_the_actors_private_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let python = dir.path().join("python");
+    std::fs::write(&python, FAKE_UDS_SERVER).unwrap();
+    std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cfg = VllmConfig {
+        python,
+        start_timeout_s: 60.0,
+        ..Default::default()
+    };
+    let (_w_tx, weights) = watch::channel(None);
+    let (stop_tx, stop) = watch::channel(false);
+    let started = bapo_actor::vllm::start(
+        &cfg,
+        bapo_actor::UpdateMode::Partial,
+        Some(dir.path().to_path_buf()),
+        weights,
+        stop,
+    )
+    .unwrap();
+    let socket = PathBuf::from(started.engine.url().strip_prefix("unix:").unwrap());
+    let private = socket.parent().unwrap();
+    let mode = std::fs::metadata(private).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{}", private.display());
+    let t0 = Instant::now();
+    while !is_socket(&socket) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no socket at {socket:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let api = bapo_actor::vllm::api::Api::unix(&socket, "bapo");
+    let t0 = Instant::now();
+    while !api.healthy(Duration::from_secs(2)).await {
+        assert!(t0.elapsed() < Duration::from_secs(60), "never healthy");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = stop_tx.send(true);
+    let _ = started.background.await;
+}
+
+fn is_socket(p: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(p).is_ok_and(|m| m.file_type().is_socket())
+}
+
+/// A stale socket file where the server will listen (an actor killed
+/// before it could remove it) does not stop the restarted server.
+#[tokio::test]
+async fn a_stale_socket_is_replaced() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let python = dir.path().join("python");
+    std::fs::write(&python, FAKE_UDS_SERVER).unwrap();
+    std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let l = launch(dir.path(), python);
+    let stale = std::os::unix::net::UnixListener::bind(&l.socket).unwrap();
+    drop(stale); // the file stays, nobody listens
+    let socket = l.socket.clone();
+    let (up, mut up_rx) = watch::channel(false);
+    let (stop_tx, stop) = watch::channel(false);
+    let task = tokio::spawn(server::supervise(l, up, stop));
+    tokio::time::timeout(Duration::from_secs(60), up_rx.wait_for(|u| *u))
+        .await
+        .expect("the server never came up on its socket")
+        .unwrap();
+    assert!(is_socket(&socket));
+    let _ = stop_tx.send(true);
+    let _ = task.await;
 }

@@ -14,6 +14,8 @@ use serde_json::{Value, json};
 pub struct Api {
     http: crate::http::Http,
     base: String,
+    /// Where the server is, for people: the URL, or `unix:<path>`.
+    at: String,
     model: String,
 }
 
@@ -99,15 +101,28 @@ pub enum Pause {
 
 impl Api {
     pub fn new(base: &str, model: &str) -> Self {
+        let base = base.trim_end_matches('/').to_string();
         Self {
             http: crate::http::Http::new(MAX_RESPONSE_BYTES),
-            base: base.trim_end_matches('/').to_string(),
+            at: base.clone(),
+            base,
             model: model.to_string(),
         }
     }
 
-    pub fn base(&self) -> &str {
-        &self.base
+    /// A server listening on the Unix socket at `path`.
+    pub fn unix(path: &std::path::Path, model: &str) -> Self {
+        Self {
+            http: crate::http::Http::unix(path, MAX_RESPONSE_BYTES),
+            base: "http://localhost".into(),
+            at: format!("unix:{}", path.display()),
+            model: model.to_string(),
+        }
+    }
+
+    /// Where the server is: its URL, or `unix:<socket path>`.
+    pub fn at(&self) -> &str {
+        &self.at
     }
 
     /// `GET /health` answered 200 within `timeout`. (A healthy server

@@ -27,8 +27,6 @@ pub struct VllmConfig {
     /// The model directory the server starts from (default: `[model]
     /// hf_dir`); it must be the learner's architecture.
     pub model_dir: Option<PathBuf>,
-    /// Port of a started server; 0 picks a free one.
-    pub port: u16,
     /// `--dtype` of a started server: "float32", "bfloat16", "float16".
     pub dtype: String,
     /// GiB of KV cache of a started server on the CPU
@@ -62,7 +60,6 @@ impl Default for VllmConfig {
             served_model_name: "bapo".into(),
             python: default_python(),
             model_dir: None,
-            port: 0,
             dtype: "float32".into(),
             cpu_kv_cache_gib: 2,
             extra_args: Vec::new(),

@@ -120,41 +120,46 @@ pub fn start(
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Started> {
     cfg.validate()?;
-    let (weights_dir, own_dir) = if cfg.weights_dir.as_os_str().is_empty() {
-        let d = weights_dir::own_temporary()?;
-        (d.path().to_path_buf(), Some(d))
+    // The actor's own private directory: the weights when no
+    // `weights_dir` is set, and a started server's socket.
+    let own_dir = if cfg.starts_server() || cfg.weights_dir.as_os_str().is_empty() {
+        Some(weights_dir::own_temporary()?)
     } else {
-        weights_dir::claim(&cfg.weights_dir)?;
-        (cfg.weights_dir.clone(), None)
+        None
+    };
+    let weights_dir = match (&own_dir, cfg.weights_dir.as_os_str().is_empty()) {
+        (Some(d), true) => d.path().to_path_buf(),
+        _ => {
+            weights_dir::claim(&cfg.weights_dir)?;
+            cfg.weights_dir.clone()
+        }
     };
     let (up_tx, up_rx) = watch::channel(false);
     let (ready_tx, ready_rx) = watch::channel(None);
-    let (server, url) = if cfg.starts_server() {
-        let model_dir = cfg
-            .model_dir
-            .clone()
-            .or(model_dir)
-            .ok_or(VllmConfigError::NoModel)?;
-        let launch = server::Launch {
-            cfg: cfg.clone(),
-            model_dir,
-            port: if cfg.port == 0 {
-                server::free_port()?
-            } else {
-                cfg.port
-            },
-            ext_dir: server::ext_dir(&weights_dir),
-            log: weights_dir.join("vllm.log"),
-        };
-        let url = launch.url();
-        let task = tokio::spawn(server::supervise(launch, up_tx, stop.clone()));
-        (Some(task), url)
-    } else {
-        let api = Api::new(&cfg.url, &cfg.served_model_name);
-        tokio::spawn(server::follow_health(api, up_tx, stop.clone()));
-        (None, cfg.url.clone())
+    let (server, api) = match &own_dir {
+        Some(own) if cfg.starts_server() => {
+            let model_dir = cfg
+                .model_dir
+                .clone()
+                .or(model_dir)
+                .ok_or(VllmConfigError::NoModel)?;
+            let launch = server::Launch {
+                cfg: cfg.clone(),
+                model_dir,
+                socket: server::socket_in(own.path())?,
+                ext_dir: server::ext_dir(&weights_dir),
+                log: weights_dir.join("vllm.log"),
+            };
+            let api = Api::unix(&launch.socket, &cfg.served_model_name);
+            let task = tokio::spawn(server::supervise(launch, up_tx, stop.clone()));
+            (Some(task), api)
+        }
+        _ => {
+            let api = Api::new(&cfg.url, &cfg.served_model_name);
+            tokio::spawn(server::follow_health(api.clone(), up_tx, stop.clone()));
+            (None, api)
+        }
     };
-    let api = Api::new(&url, &cfg.served_model_name);
     let loader = sync::Loader {
         api: api.clone(),
         weights_dir,
@@ -195,9 +200,10 @@ impl Engine {
             .map(|v| group::label(v.incarnation, v.version))
     }
 
-    /// The server's base URL.
+    /// Where the server is: its URL, or `unix:<socket>` for one the actor
+    /// started.
     pub fn url(&self) -> &str {
-        self.api.base()
+        self.api.at()
     }
 
     /// `k` responses to `prompt`, each token with the version the engine

@@ -38,7 +38,11 @@ const HEALTHY_RESET: Duration = Duration::from_secs(3600);
 pub struct Launch {
     pub cfg: VllmConfig,
     pub model_dir: PathBuf,
-    pub port: u16,
+    /// The Unix socket it serves on, in a directory only the actor can
+    /// enter: its dev endpoints (pause, reload, adapters, collective
+    /// RPCs) are then the actor's alone, and what answers there is the
+    /// server the actor started (a stale socket is removed first).
+    pub socket: PathBuf,
     /// Where the extension module is written (PYTHONPATH of the server).
     pub ext_dir: PathBuf,
     /// The server's stdout and stderr go here.
@@ -70,14 +74,23 @@ pub enum ServerError {
 }
 
 impl Launch {
+    /// Where it serves, for people.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("unix:{}", self.socket.display())
+    }
+
+    fn api(&self) -> Api {
+        Api::unix(&self.socket, &self.cfg.served_model_name)
     }
 
     /// `sh` leading the server's process group (see the module's doc);
     /// it exits with the server's status.
     fn command(&self) -> Result<tokio::process::Command, std::io::Error> {
         std::fs::create_dir_all(&self.ext_dir)?;
+        match std::fs::remove_file(&self.socket) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         std::fs::write(self.ext_dir.join("bapo_vllm_ext.py"), EXTENSION)?;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -90,7 +103,8 @@ impl Launch {
             .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
             .arg(&self.model_dir)
             .args(["--served-model-name", &c.served_model_name])
-            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
+            .arg("--uds")
+            .arg(&self.socket)
             .args(["--dtype", &c.dtype, "--enable-scale-out"])
             .args(["--logprobs-mode", "processed_logprobs"])
             .args(["--worker-extension-cls", EXTENSION_CLASS])
@@ -222,7 +236,7 @@ pub async fn supervise(
     up: watch::Sender<bool>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ServerError> {
-    let api = Api::new(&launch.url(), &launch.cfg.served_model_name);
+    let api = launch.api();
     let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(60));
     let mut restarts = 0u32;
     loop {
@@ -303,7 +317,7 @@ async fn watch_one(
         let was_up = *up.borrow();
         match (healthy, was_up) {
             (true, false) => {
-                tracing::info!("vLLM server ready at {}", api.base());
+                tracing::info!("vLLM server ready at {}", api.at());
                 let _ = up.send(true);
             }
             (false, false) if Instant::now() > deadline => {
@@ -333,7 +347,7 @@ pub async fn follow_health(api: Api, up: watch::Sender<bool>, mut stop: watch::R
         misses = if healthy { 0 } else { misses + 1 };
         let was_up = *up.borrow();
         if healthy != was_up && (healthy || misses >= 2) {
-            tracing::info!(healthy, "vLLM server at {}", api.base());
+            tracing::info!(healthy, "vLLM server at {}", api.at());
             let _ = up.send(healthy);
         }
         tokio::select! {
@@ -359,11 +373,21 @@ fn log_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(LINES)..].join("\n")
 }
 
-/// A free loopback port for a started server (port 0 in the config).
-pub fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// The longest Unix socket path (`sun_path` holds 108 bytes with its NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// The socket of a server started in `private_dir`, refused by name when
+/// its path is too long for a Unix socket.
+pub fn socket_in(private_dir: &Path) -> std::io::Result<PathBuf> {
+    let path = private_dir.join("vllm.sock");
+    if path.as_os_str().len() > MAX_SOCKET_PATH {
+        return Err(std::io::Error::other(format!(
+            "the vLLM server's socket {} is over {MAX_SOCKET_PATH} bytes: set TMPDIR to a \
+             shorter directory",
+            path.display()
+        )));
+    }
+    Ok(path)
 }
 
 /// The extension module's directory inside `weights_dir`.

@@ -394,9 +394,8 @@ mod tests {
     #[tokio::test]
     async fn failing_reloads_do_not_pile_up_copies() {
         let dir = tempfile::tempdir().unwrap();
-        let port = super::super::server::free_port().unwrap();
         let loader = Loader {
-            api: Api::new(&format!("http://127.0.0.1:{port}"), "bapo"),
+            api: Api::unix(&dir.path().join("nobody.sock"), "bapo"),
             weights_dir: dir.path().to_path_buf(),
             mode: UpdateMode::Partial,
             reload_timeout: Duration::from_secs(1),
@@ -438,9 +437,8 @@ mod tests {
         check_lora(0, &version(1)).unwrap();
 
         let dir = tempfile::tempdir().unwrap();
-        let port = super::super::server::free_port().unwrap();
         let loader = Loader {
-            api: Api::new(&format!("http://127.0.0.1:{port}"), "bapo"),
+            api: Api::unix(&dir.path().join("nobody.sock"), "bapo"),
             weights_dir: dir.path().to_path_buf(),
             mode: UpdateMode::Partial,
             reload_timeout: Duration::from_secs(1),

@@ -115,7 +115,14 @@ fn identity(pid: u32) -> Option<(u32, u64)> {
 /// are gone (killed before they could remove their own).
 pub fn own_temporary() -> std::io::Result<tempfile::TempDir> {
     sweep(&std::env::temp_dir());
-    let dir = tempfile::Builder::new().prefix(OWN_PREFIX).tempdir()?;
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(OWN_PREFIX);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o700));
+    }
+    let dir = builder.tempdir()?;
     std::fs::write(dir.path().join(MARKER), "bapo's vLLM weight versions\n")?;
     if let Some((pid, start)) = identity(std::process::id()) {
         std::fs::write(dir.path().join(OWNER), format!("{pid} {start}\n"))?;
