@@ -86,8 +86,13 @@ impl ConfigFile {
         Self::parse(&text).with_context(|| format!("parsing config file {}", path.display()))
     }
 
+    /// The file's tables, agreeing on the facts several of them state
+    /// ([`crate::cross_table`]).
     pub fn parse(text: &str) -> anyhow::Result<Self> {
-        Ok(toml::from_str(text)?)
+        let mut c: Self = toml::from_str(text)?;
+        let table: toml::Table = toml::from_str(text)?;
+        crate::cross_table::settle(&mut c, &table)?;
+        Ok(c)
     }
 
     /// The file, or `bapo run`'s built-in one.

@@ -4,6 +4,7 @@
 mod bench;
 mod commands;
 mod config_file;
+mod cross_table;
 mod fatal;
 mod local;
 mod security;
