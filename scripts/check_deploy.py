@@ -194,9 +194,21 @@ def env_on(values: dict) -> bool:
 # it (the learner's held-out evaluation plays episodes in the environment
 # too, src/commands/common.rs Scorer).
 USER_SERVERS = {
-    "reward": {"port": 50061, "args": ["--verifier", "math"], "port_env": "BAPO_REWARD_PORT", "replicas": 2, "clients": ["actor"]},
-    "env": {"port": 50071, "args": ["--env", "calculator"], "port_env": "BAPO_ENV_PORT", "replicas": 2, "clients": ["actor", "learner"]},
+    "reward": {"port": 50061, "args": ["--verifier", "math"], "port_env": "BAPO_REWARD_PORT", "replicas": 2, "clients": ["actor"],
+               "client_auth": False, "dns": True},
+    "env": {"port": 50071, "args": ["--env", "calculator"], "port_env": "BAPO_ENV_PORT", "replicas": 2, "clients": ["actor", "learner"],
+            "client_auth": True, "dns": False},
 }
+# The flags the chart appends to a user server's args, and how many values
+# each takes.
+APPENDED_FLAGS = {"--listen": 1, "--tls-cert": 1, "--tls-key": 1, "--client-ca": 1,
+                  "--allow-unauthenticated": 0, "--server-user": 1}
+
+
+def sandbox_on(values: dict, comp: str) -> bool:
+    """<comp>.sandbox.enabled: the pod starts as root with CAP_SETUID and
+    CAP_SETGID only, and the server drops to its uid (--server-user)."""
+    return bool(values_get(values, f"{comp}.sandbox.enabled", False))
 
 
 def server_on(values: dict, comp: str) -> bool:
@@ -245,9 +257,15 @@ def check_objects(docs: list[dict], values: dict) -> None:
     for w in workloads(docs):
         wn, spec = w["metadata"]["name"], w["spec"]["template"]["spec"]
         is_reward = component(w) in USER_SERVERS
+        sandboxed = is_reward and sandbox_on(values, component(w))
         assert matches(w["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"]), f"{wn}: selector"
         psc = spec["securityContext"]
-        assert psc.get("runAsNonRoot") is True and psc.get("runAsUser") == 10001, f"{wn}: pod must run as uid 10001, non-root"
+        if sandboxed:
+            # Root at the start only: --server-user drops it (check_server).
+            assert psc.get("runAsNonRoot") is False and psc.get("runAsUser") == 0, f"{wn}: a sandboxed server starts as root"
+            assert psc.get("fsGroup") == 10001, f"{wn}: fsGroup 10001 reads the key after the drop"
+        else:
+            assert psc.get("runAsNonRoot") is True and psc.get("runAsUser") == 10001, f"{wn}: pod must run as uid 10001, non-root"
         assert psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{wn}: seccomp"
         vols = {v["name"]: v for v in spec["volumes"]}
         for c in spec["containers"]:
@@ -256,6 +274,11 @@ def check_objects(docs: list[dict], values: dict) -> None:
             assert sc.get("readOnlyRootFilesystem") is True, f"{wn}: read-only root"
             assert sc.get("allowPrivilegeEscalation") is False, f"{wn}: privilege escalation"
             assert sc.get("capabilities", {}).get("drop") == ["ALL"], f"{wn}: capabilities"
+            if sandboxed:
+                assert sc["capabilities"].get("add") == ["SETUID", "SETGID"], f"{wn}: a sandboxed server holds CAP_SETUID and CAP_SETGID, nothing more"
+                assert sc.get("runAsUser") == 0 and sc.get("runAsNonRoot") is False, f"{wn}: a sandboxed server's container starts as root"
+            else:
+                assert "add" not in sc.get("capabilities", {}), f"{wn}: no capability added"
             mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
             assert "emptyDir" in vols[mounts["/tmp"]], f"{wn}: /tmp must be an emptyDir"
             if not is_reward and not is_vllm:
@@ -469,7 +492,28 @@ def check_server(docs: list[dict], values: dict, comp: str) -> dict:
         assert appended[1:2] == [f"0.0.0.0:{port}"], f"{wn}: --listen must be 0.0.0.0:{port}, got {appended}"
     if tls and values_get(values, f"{comp}.tlsArgs", True):
         want_flags += ["--tls-cert", "--tls-key"]
-    assert appended[0::2] == want_flags and len(appended) == 2 * len(want_flags), f"{wn}: the chart appends {appended}, want flags {want_flags}"
+    client_auth = values_get(values, f"{comp}.clientAuthArgs", d["client_auth"])
+    if client_auth:
+        # Under TLS the CA of the release's certificates; insecure, the
+        # NetworkPolicy is the only fence (as for bapo's own --insecure).
+        want_flags.append("--client-ca" if tls else "--allow-unauthenticated")
+    if sandbox_on(values, comp):
+        want_flags.append("--server-user")
+    got_flags, i = [], 0
+    while i < len(appended):
+        assert appended[i] in APPENDED_FLAGS, f"{wn}: the chart appends {appended[i]!r} ({appended})"
+        got_flags.append(appended[i])
+        i += 1 + APPENDED_FLAGS[appended[i]]
+    assert got_flags == want_flags and i == len(appended), f"{wn}: the chart appends {appended}, want flags {want_flags}"
+    if client_auth and tls:
+        ca = flag(appended, "--client-ca")
+        inside_mount(c, ca, f"{wn} --client-ca")
+        actor_ca = flag(args_of(one(docs, "Deployment", "-actor")), "--tls-ca")
+        assert ca == actor_ca, f"{wn}: --client-ca {ca} must be the release's CA file ({actor_ca}, the clients' --tls-ca)"
+    if sandbox_on(values, comp):
+        su = flag(appended, "--server-user")
+        want_su = f"{values_get(values, f'{comp}.sandbox.serverUser', 10001)}:{values_get(values, f'{comp}.sandbox.serverGroup', 10001)}"
+        assert su == want_su and not su.startswith("0:"), f"{wn}: --server-user {su}, want {want_su} (not root)"
     assert "--insecure" not in args and "--config" not in args, f"{wn}: bapo's flags on the user's server"
     env = env_of(c)
     assert env.get(d["port_env"]) == str(port), f"{wn}: {d['port_env']}"
@@ -501,7 +545,11 @@ def check_server(docs: list[dict], values: dict, comp: str) -> dict:
             eg = snp[0]["spec"].get("egress", [])
             extra = values_get(values, f"{comp}.extraEgress", []) or []
             assert eg[: len(extra)] == extra, f"{comp} NetworkPolicy: egress {eg} must start with {comp}.extraEgress"
-            assert all(not r.get("to") and {p["port"] for p in r["ports"]} == {53} for r in eg[len(extra):]), f"{comp} NetworkPolicy: beyond {comp}.extraEgress, DNS only"
+            rest = eg[len(extra):]
+            if values_get(values, f"{comp}.dnsEgress", d["dns"]):
+                assert len(rest) == 1 and not rest[0].get("to") and {p["port"] for p in rest[0]["ports"]} == {53}, f"{comp} NetworkPolicy: beyond {comp}.extraEgress, DNS only ({comp}.dnsEgress)"
+            else:
+                assert rest == [], f"{comp} NetworkPolicy: nothing beyond {comp}.extraEgress, not even DNS ({comp}.dnsEgress false): {rest}"
             for client in clients:
                 cw = [x for x in workloads(docs) if component(x) == client]
                 cnp = [n for n in nps if pods_selected(docs, n["spec"]["podSelector"]) == cw]
@@ -540,6 +588,7 @@ def check_endpoint(docs: list[dict], values: dict, services: dict, comp: str, w:
     assert (container_ports(w).get(tp) if isinstance(tp, str) else tp) == port, f"Service {svc_name}: port {ep_port} reaches {tp}, not the server's {port}"
     assert "server_name" not in t, f"[{table}] server_name: the actors verify the endpoint's host"
     actor = one(docs, "Deployment", "-actor")
+    client_auth = values_get(values, f"{comp}.clientAuthArgs", USER_SERVERS[comp]["client_auth"])
     if tls:
         assert t.get("ca"), f"[{table}] grpcs:// needs ca"
         for client in USER_SERVERS[comp]["clients"]:
@@ -548,9 +597,18 @@ def check_endpoint(docs: list[dict], values: dict, services: dict, comp: str, w:
             cc = cw[0]["spec"]["template"]["spec"]["containers"][0]
             inside_mount(cc, t["ca"], f"[{table}] ca ({client})")
             assert t["ca"] == flag(cc["args"], "--tls-ca"), f"[{table}] ca {t['ca']} should be the CA the {client} verifies bapo's servers with ({flag(cc['args'], '--tls-ca')})"
+            if client_auth:
+                # The server's --client-ca: each client presents its own
+                # certificate, the one it presents to bapo's services.
+                for key, f in (("cert", "--tls-cert"), ("key", "--tls-key")):
+                    assert t.get(key) == flag(cc["args"], f), f"[{table}] {key} = {t.get(key)!r}: the {client}'s own {f} ({flag(cc['args'], f)}), which the server's --client-ca checks"
+                    inside_mount(cc, t[key], f"[{table}] {key} ({client})")
+        if not client_auth:
+            assert "cert" not in t and "key" not in t, f"[{table}] cert/key without {comp}.clientAuthArgs"
         assert not t.get("insecure"), f"[{table}] insecure under TLS"
     else:
         assert "ca" not in t, f"[{table}] ca with grpc:// (refused by the actor)"
+        assert "cert" not in t and "key" not in t, f"[{table}] cert/key with grpc://"
         assert t.get("insecure") is True, f"[{table}] grpc:// beyond loopback needs insecure = true"
     # The actors roll when the file changes.
     assert "checksum/config" in actor["spec"]["template"]["metadata"].get("annotations", {}), "actors: checksum/config"

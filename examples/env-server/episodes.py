@@ -3,9 +3,13 @@
 Environments only answer turns; everything that makes an episode safe to
 call over a network that loses answers lives here, once for all of them:
 
-* every episode has a random id; an unknown (closed, expired, never
-  opened, or lost to a restart) id is NOT_FOUND, which the actor takes as
-  "drop the episode, do not retry";
+* every episode has a random id, the actor's proposal when it sends one
+  (so it can close an episode whose Reset answer it never got); an
+  unknown (closed, expired, never opened, or lost to a restart) id is
+  NOT_FOUND, which the actor takes as "drop the episode, do not retry".
+  A Close that arrives while its Reset is still running is remembered
+  (the last ``capacity`` such ids), and that Reset then opens nothing and
+  answers ABORTED;
 * turns are numbered from 0. A repeat of the latest answered turn gets the
   very same answer again without calling the environment (a retry after a
   lost answer must not act twice); a turn that skips ahead, an older one,
@@ -32,12 +36,16 @@ import math
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from envs import BadRequest, Environment, Message, Problem, StepResult, Turn
 
 log = logging.getLogger("bapo.env.episodes")
+
+# The longest episode id an actor may propose.
+MAX_EPISODE_ID = 64
 
 
 class EpisodeError(Exception):
@@ -72,6 +80,8 @@ class Episodes:
         self.clock = clock
         self._lock = threading.Lock()
         self._open: Dict[str, _Episode] = {}
+        # Ids closed before they were open: their Reset is still running.
+        self._closed_early: "OrderedDict[str, None]" = OrderedDict()
 
     def __len__(self) -> int:
         with self._lock:
@@ -79,14 +89,21 @@ class Episodes:
 
     # --- the three calls --------------------------------------------------
 
-    def reset(self, problem: Problem) -> Tuple[str, List[Message]]:
-        self._make_room()
+    def reset(self, problem: Problem, episode_id: str = "") -> Tuple[str, List[Message]]:
+        """Opens an episode under `episode_id` (the actor's proposal) or
+        a random id when none is proposed."""
+        if len(episode_id) > MAX_EPISODE_ID or not episode_id.isprintable():
+            raise EpisodeError("INVALID_ARGUMENT",
+                               f"episode_id of {len(episode_id)} characters: at most "
+                               f"{MAX_EPISODE_ID} printable ones")
+        self._make_room(episode_id)
         state, messages = self._call(self.env.reset, problem)
         messages = [_message(m) for m in messages]
         with self._lock:
-            self._make_room_locked()
-            episode_id = secrets.token_hex(12)
-            while episode_id in self._open:  # pragma: no cover - 96 random bits
+            if episode_id and self._closed_early.pop(episode_id, False) is None:
+                raise EpisodeError("ABORTED", f"episode {episode_id!r} was closed before it started")
+            self._make_room_locked(episode_id)
+            while not episode_id or episode_id in self._open:
                 episode_id = secrets.token_hex(12)
             self._open[episode_id] = _Episode(state, self.clock())
         return episode_id, messages
@@ -119,6 +136,10 @@ class Episodes:
         """Frees the episode; an unknown id is fine (closing is idempotent)."""
         with self._lock:
             episode = self._open.pop(episode_id, None)
+            if episode is None and episode_id:
+                self._closed_early[episode_id] = None
+                while len(self._closed_early) > self.capacity:
+                    self._closed_early.popitem(last=False)
         if episode is not None:
             episode.closed = True
 
@@ -135,11 +156,13 @@ class Episodes:
                                "(closed, idle too long, or the server restarted)")
         return episode
 
-    def _make_room(self) -> None:
+    def _make_room(self, episode_id: str = "") -> None:
         with self._lock:
-            self._make_room_locked()
+            self._make_room_locked(episode_id)
 
-    def _make_room_locked(self) -> None:
+    def _make_room_locked(self, episode_id: str = "") -> None:
+        if episode_id in self._open:
+            raise EpisodeError("ALREADY_EXISTS", f"episode {episode_id!r} is open already")
         now = self.clock()
         for episode_id in [k for k, e in self._open.items() if now - e.last_used > self.ttl_s]:
             del self._open[episode_id]

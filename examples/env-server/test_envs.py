@@ -7,8 +7,10 @@ library. The last line is `env-server: N passed, N failed, N skipped`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -21,14 +23,24 @@ import threading
 import time
 import unittest
 
+# The refused TLS handshakes of the client-authentication tests: not logged.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+REWARD_SERVER = os.path.join(os.path.dirname(HERE), "reward-server")
+sys.path.append(REWARD_SERVER)
 
 from envs import BadRequest, Environment, Message, Problem, StepResult, Turn  # noqa: E402
 from envs.answer import final_integer, reference_integer  # noqa: E402
-from envs.calculator import Calculator, draw  # noqa: E402
+from envs.calculator import Calculator, draw, first_call  # noqa: E402
 from envs.expr import ExprError, evaluate  # noqa: E402
 from episodes import EpisodeError, Episodes  # noqa: E402
+
+import pki_for_tests  # noqa: E402  (../reward-server)
+from verifiers.code import can_switch_user  # noqa: E402
+
+# Programs run as this process's own user where it cannot switch users.
+SAME_USER = not can_switch_user()
 
 TIMEOUT = 1.5  # the python environment's per-program limit, seconds
 
@@ -71,6 +83,42 @@ class ExprTest(unittest.TestCase):
     def test_deep_nesting_is_bounded(self):
         self.assertEqual(evaluate("(" * 127 + "1" + ")" * 127), 1)
         self.assertEqual(evaluate("-" * 255 + "1"), -1)
+
+
+class CountingStr(str):
+    """A str whose find() counts the characters it looks at."""
+
+    looked = 0
+
+    def find(self, sub, start=0, end=None):
+        end = len(self) if end is None else end
+        at = str.find(self, sub, start, end)
+        CountingStr.looked += (at + len(sub) if at >= 0 else end) - start
+        return at
+
+
+class ToolCallTest(unittest.TestCase):
+    OLD_CALL = re.compile(r"<call>(.*?)</call>", re.S)  # quadratic: short texts only
+
+    def test_the_first_call_as_the_old_expression_found_it(self):
+        pieces = ["<call>", "</call>", "<", ">", "/", "call", "<cal", "l>", "1+2", "\n", " "]
+        rng = random.Random(53)
+        for _ in range(20000):
+            text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+            m = self.OLD_CALL.search(text)
+            self.assertEqual(first_call(text), m.group(1) if m else None, text)
+
+    def test_unclosed_calls_are_scanned_in_linear_time(self):
+        # 64 KB of "<call>" took the old expression 3.6 s; at 1 MiB each
+        # character is looked at a bounded number of times (counted).
+        n = 1 << 20
+        for text, call in [("<call>" * (n // 6), None), ("<call>" * (n // 6) + "</call>", "<call>" * (n // 6 - 1)),
+                           ("x" * n + "<call>1+1</call>", "1+1")]:
+            with self.subTest(length=len(text)):
+                CountingStr.looked = 0
+                self.assertEqual(first_call(CountingStr(text)), call)
+                self.assertGreater(CountingStr.looked, 0)
+                self.assertLessEqual(CountingStr.looked, len(text) + 16)
 
 
 class AnswerTest(unittest.TestCase):
@@ -155,10 +203,11 @@ def _python_env(**kw):
     """The python environment with real isolation, else without (and why)."""
     from envs.python_sandbox import PythonSandbox
 
+    kw = {"timeout_s": TIMEOUT, "allow_same_user": SAME_USER, **kw}
     try:
-        return PythonSandbox(timeout_s=TIMEOUT, **kw), None
+        return PythonSandbox(**kw), None
     except RuntimeError as e:
-        return PythonSandbox(timeout_s=TIMEOUT, isolation="none", allow_network=True, **kw), str(e)
+        return PythonSandbox(isolation="none", allow_network=True, **kw), str(e)
 
 
 class PythonSandboxTest(unittest.TestCase):
@@ -166,6 +215,10 @@ class PythonSandboxTest(unittest.TestCase):
     def setUpClass(cls):
         cls.env, why = _python_env(max_output=100)
         print(f"\n[python environment: {cls.env.name}{' - ' + why if why else ''}]", file=sys.stderr)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.env.close()
 
     def run_code(self, code):
         r = self.env.step(None, turn(f"Let me check.\n```python\n{code}\n```\n"))
@@ -211,6 +264,26 @@ class PythonSandboxTest(unittest.TestCase):
         self.assertEqual((r.reward, r.done, r.info), (0.0, True, {"correct": "0", "no_answer": "1"}))
         with self.assertRaisesRegex(BadRequest, "needs a prompt"):
             self.env.reset(Problem(seed=3))
+
+    def test_adversarial_fences_are_a_final_answer(self):
+        # 64 KiB of backticks (the old extraction: seconds under the GIL)
+        # hold no block: the turn is a final answer.
+        r = self.env.step(42, turn("`" * (64 << 10) + " 42"))
+        self.assertEqual((r.reward, r.done, r.info), (1.0, True, {"correct": "1"}))
+
+    def test_a_limit_that_stops_a_program_is_named(self):
+        env, _ = _python_env(memory_mb=128, max_output=200)
+        self.addCleanup(env.close)
+        program = ("import os, time\n"
+                   "for _ in range(4):\n"
+                   "    if os.fork() == 0:\n"
+                   "        b = bytearray(64 << 20)\n"
+                   "        time.sleep(5)\n"
+                   "        os._exit(0)\n"
+                   "time.sleep(5)")
+        r = env.step(None, turn(f"```python\n{program}\n```"))
+        self.assertEqual(r.info["limit"], "memory", r)
+        self.assertIn("[stopped: memory limit 128 MiB exceeded", r.messages[0].content)
 
 
 class Scripted(Environment):
@@ -297,6 +370,19 @@ class EpisodesTest(unittest.TestCase):
         self.assertRefused("NOT_FOUND", self.episodes.step, eid, turn("a"))
         self.assertEqual(len(self.episodes), 0)
 
+    def test_proposed_ids(self):
+        eid, _ = self.episodes.reset(Problem(), "a1b2")
+        self.assertEqual(eid, "a1b2")
+        self.assertRefused("ALREADY_EXISTS", self.episodes.reset, Problem(), "a1b2")
+        self.assertIn("at most 64", self.assertRefused("INVALID_ARGUMENT", self.episodes.reset,
+                                                        Problem(), "x" * 65))
+        # A Close that overtakes its Reset (the actor gave up): the Reset
+        # then opens nothing.
+        self.episodes.close("late")
+        self.assertRefused("ABORTED", self.episodes.reset, Problem(), "late")
+        self.assertEqual(len(self.episodes), 1)
+        self.episodes.reset(Problem(), "late")  # remembered once only
+
     def test_capacity(self):
         ids = [self.episodes.reset(Problem())[0] for _ in range(3)]
         self.assertEqual(len(set(ids)), 3)
@@ -355,7 +441,7 @@ def _stubs_available():
     try:
         import server  # noqa: F401
         return True
-    except SystemExit:
+    except (SystemExit, ImportError):  # no stubs, or no grpc at all
         return False
 
 
@@ -375,6 +461,16 @@ class ServerTest(unittest.TestCase):
     def tearDownClass(cls):
         for srv in cls.servers:
             srv.stop(None)
+
+    def pki(self):
+        if not pki_for_tests.available():
+            self.skipTest("no openssl to make test certificates")
+        d = tempfile.mkdtemp(prefix="bapo-pki-")
+        self.addCleanup(shutil.rmtree, d, True)
+        pki = pki_for_tests.Pki(d)
+        pki.ca_pem = pki.ca("ca")
+        pki.server = pki.leaf("ca", "server", server=True)
+        return pki
 
     def start(self, env=None, tls=None, **kw):
         srv, _, address = self.server_mod.build_server(env or Calculator(), "127.0.0.1:0", tls=tls, **kw)
@@ -452,6 +548,7 @@ class ServerTest(unittest.TestCase):
 
     def test_python_episode(self):
         env, _ = _python_env()
+        self.addCleanup(env.close)
         stub = self.stub(self.start(env))
         self.assertTrue(stub.Describe(self.pb.DescribeEnvRequest(), timeout=10).name.startswith("python-sandbox["))
         eid = stub.Reset(self.pb.ResetRequest(prompt="2**10?", answer="1024"), timeout=10).episode_id
@@ -478,10 +575,123 @@ class ServerTest(unittest.TestCase):
         info = self.pb_grpc.EnvironmentServiceStub(channel).Describe(self.pb.DescribeEnvRequest(), timeout=10)
         self.assertEqual(info.name, "calculator")
 
+    def test_client_certificates(self):
+        # Mutual TLS: a certificate of the CA, naming an actor or the
+        # learner (or no SPIFFE ID at all), is let in; none, another CA's,
+        # or another role's is not.
+        pki = self.pki()
+        address = self.start(tls=pki.server, client_ca=pki.ca_pem)
+        pki.ca("other")
+        code = self.grpc.StatusCode
+        for name, issuer, spiffe, want in [
+            ("actor", "ca", "spiffe://bapo.test/actor/actor-0", None),
+            ("learner", "ca", "spiffe://bapo.test/learner", None),
+            ("plain", "ca", None, None),
+            ("admin", "ca", "spiffe://bapo.test/admin/ops", code.PERMISSION_DENIED),
+            ("stranger", "other", "spiffe://bapo.test/actor/actor-0", code.UNAVAILABLE),
+            ("anonymous", None, None, code.UNAVAILABLE),
+        ]:
+            with self.subTest(client=name):
+                cert, key = pki.leaf(issuer, name, spiffe=spiffe) if issuer else (None, None)
+                creds = self.grpc.ssl_channel_credentials(pki.ca_pem, private_key=key, certificate_chain=cert)
+                channel = self.grpc.secure_channel(address, creds)
+                self.addCleanup(channel.close)
+                stub = self.pb_grpc.EnvironmentServiceStub(channel)
+                if want is None:
+                    eid = stub.Reset(self.pb.ResetRequest(seed=0), timeout=10).episode_id
+                    self.assertEqual(self.step(stub, eid, "#### 4362", 0).reward, 1.0)
+                else:
+                    details = self.assertCode(want, stub.Reset, self.pb.ResetRequest(seed=0), timeout=10)
+                    if want == code.PERMISSION_DENIED:
+                        self.assertIn("role admin", details)
+
+    def test_bearer_tokens(self):
+        pki = self.pki()
+        actor, learner, admin = ("actor-" + "a1" * 12, "learner-" + "b2" * 12, "admin-" + "c3" * 12)
+        text = (f"# tokens\nactor {actor}\n\nlearner sha256:{hashlib.sha256(learner.encode()).hexdigest()}"
+                f"  # digest only\nadmin {admin}\n")
+        import serving
+
+        address = self.start(tls=pki.server, tokens=serving.TokenFile.parse(text))
+        channel = self.grpc.secure_channel(address, self.grpc.ssl_channel_credentials(pki.ca_pem))
+        self.addCleanup(channel.close)
+        stub = self.pb_grpc.EnvironmentServiceStub(channel)
+        code = self.grpc.StatusCode
+        for header, want, says in [
+            (None, code.UNAUTHENTICATED, "no bearer token"),
+            (f"Bearer {actor}x", code.UNAUTHENTICATED, "matches no token"),
+            (f"Bearer {actor[:-1]}", code.UNAUTHENTICATED, "matches no token"),
+            (f"Bearer sha256:{hashlib.sha256(learner.encode()).hexdigest()}", code.UNAUTHENTICATED, "matches no token"),
+            (f"Bearer {admin}", code.PERMISSION_DENIED, "role admin"),
+        ]:
+            with self.subTest(header=header):
+                metadata = [("authorization", header)] if header else []
+                details = self.assertCode(want, stub.Describe, self.pb.DescribeEnvRequest(),
+                                          metadata=metadata, timeout=10)
+                self.assertIn(says, details)
+                for secret in (actor, learner, admin):
+                    self.assertNotIn(secret[-10:], details)
+        for token in (actor, learner):  # learner: through its sha256: line
+            with self.subTest(token=token[:8]):
+                calls = self.grpc.access_token_call_credentials(token)
+                authed = self.grpc.secure_channel(address, self.grpc.composite_channel_credentials(
+                    self.grpc.ssl_channel_credentials(pki.ca_pem), calls))
+                self.addCleanup(authed.close)
+                s = self.pb_grpc.EnvironmentServiceStub(authed)
+                eid = s.Reset(self.pb.ResetRequest(seed=0), timeout=10).episode_id
+                self.assertEqual(self.step(s, eid, "#### 4362", 0).reward, 1.0)
+
+    def test_long_messages_are_refused_by_name(self):
+        stub = self.stub(self.start(max_message_bytes=1000))
+        eid = stub.Reset(self.pb.ResetRequest(seed=0), timeout=10).episode_id
+        for message in ("#### 1".rjust(1001), "\u00e9" * 501, "`" * (1 << 20)):
+            with self.subTest(length=len(message)):
+                details = self.assertCode(self.grpc.StatusCode.INVALID_ARGUMENT, self.step, stub, eid, message, 0)
+                self.assertIn("over this server's limit of 1000 bytes (--max-message-bytes)", details)
+        self.assertEqual(self.step(stub, eid, "#### 4362".rjust(1000), 0).reward, 1.0)
+
+    def test_serving_without_client_authentication_is_refused(self):
+        server = os.path.join(HERE, "server.py")
+        for args, says in [
+            ([], "refusing to serve without client authentication"),
+            (["--env", "python"], "refusing to serve without client authentication"),
+            (["--token-file", "tokens"], "--token-file needs --tls-cert"),
+            (["--client-ca", "ca.pem"], "--client-ca needs --tls-cert"),
+        ]:
+            with self.subTest(args=args):
+                proc = subprocess.run([sys.executable, server, "--listen", "127.0.0.1:0", *args],
+                                      capture_output=True, text=True, timeout=30)
+                self.assertEqual(proc.returncode, 2, proc.stderr)
+                self.assertEqual(proc.stdout, "")
+                self.assertIn(says, proc.stderr)
+                if "refusing" in says:
+                    for flag in ("--client-ca", "--token-file", "--allow-unauthenticated"):
+                        self.assertIn(flag, proc.stderr)
+
+    def test_a_bad_token_file_is_named_without_its_secret(self):
+        pki = self.pki()
+        d = tempfile.mkdtemp(prefix="bapo-tokens-")
+        self.addCleanup(shutil.rmtree, d, True)
+        files = {}
+        for name, data in (("cert", pki.server[0]), ("key", pki.server[1])):
+            files[name] = os.path.join(d, name)
+            with open(files[name], "wb") as f:
+                f.write(data)
+        tokens = os.path.join(d, "tokens")
+        with open(tokens, "w") as f:
+            f.write("actor shortsecret\n")
+        proc = subprocess.run(
+            [sys.executable, os.path.join(HERE, "server.py"), "--listen", "127.0.0.1:0",
+             "--tls-cert", files["cert"], "--tls-key", files["key"], "--token-file", tokens],
+            capture_output=True, text=True, timeout=30)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn(f"{tokens}:1: the actor token must be at least 16", proc.stderr)
+        self.assertNotIn("shortsecret", proc.stderr)
+
     def test_process_prints_address_and_stops_on_sigterm(self):
         proc = subprocess.Popen(
             [sys.executable, "-u", os.path.join(HERE, "server.py"), "--listen", "127.0.0.1:0",
-             "--env", "calculator", "--max-turns", "3", "--grace", "1"],
+             "--env", "calculator", "--max-turns", "3", "--grace", "1", "--allow-unauthenticated"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             line = proc.stdout.readline()
@@ -510,7 +720,8 @@ class ServerTest(unittest.TestCase):
             taken.listen(1)
             port = taken.getsockname()[1]
             proc = subprocess.run(
-                [sys.executable, os.path.join(HERE, "server.py"), "--listen", f"127.0.0.1:{port}"],
+                [sys.executable, os.path.join(HERE, "server.py"), "--listen", f"127.0.0.1:{port}",
+                 "--allow-unauthenticated"],
                 capture_output=True, text=True, timeout=30)
         self.assertEqual(proc.returncode, 2, proc.stderr)
         self.assertEqual(proc.stdout, "")

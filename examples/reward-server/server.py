@@ -35,10 +35,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+import privileges  # noqa: E402
+import serving  # noqa: E402
 import verifiers  # noqa: E402
 from verifiers import Item, MalformedItem  # noqa: E402
 
 log = logging.getLogger("bapo.reward")
+
+# The callers a token or a certificate's SPIFFE role may name.
+CLIENT_ROLES = ("actor",)
 
 
 def _import_stubs():
@@ -64,11 +69,20 @@ class ItemError(Exception):
     """A failed item: the status code and a message naming the item."""
 
     def __init__(self, code: grpc.StatusCode, index: int, problem_id: str, message: str):
-        super().__init__(f"item {index} (problem_id {problem_id!r}): {message}")
+        # A status message travels as a header: a long id is cut.
+        shown = repr(problem_id) if len(problem_id) <= 80 else repr(problem_id[:80]) + "..."
+        super().__init__(f"item {index} (problem_id {shown}): {message}")
         self.code = code
 
 
-def decode_item(index: int, msg) -> Item:
+def decode_item(index: int, msg, max_completion_bytes: Optional[int] = None) -> Item:
+    if max_completion_bytes is not None:
+        # Before any verifier (and its regular expressions) sees it.
+        size = len(msg.completion.encode("utf-8"))
+        if size > max_completion_bytes:
+            raise ItemError(grpc.StatusCode.INVALID_ARGUMENT, index, msg.problem_id,
+                            f"the completion is {size} bytes, over this server's limit of "
+                            f"{max_completion_bytes} bytes (--max-completion-bytes)")
     tokens = None
     raw = msg.completion_tokens
     if raw:
@@ -89,8 +103,10 @@ def decode_item(index: int, msg) -> Item:
 
 
 class RewardService(pb_grpc.RewardServiceServicer):
-    def __init__(self, verifier, workers: int, stream_window: int = 16):
+    def __init__(self, verifier, workers: int, stream_window: int = 16,
+                 max_completion_bytes: int = 1 << 20):
         self.verifier = verifier
+        self.max_completion_bytes = max_completion_bytes
         self.lo = float(verifier.min_reward)
         self.hi = float(verifier.max_reward)
         if not (math.isfinite(self.lo) and math.isfinite(self.hi) and self.lo <= self.hi):
@@ -137,7 +153,7 @@ class RewardService(pb_grpc.RewardServiceServicer):
 
     def _submit(self, request) -> List[futures.Future]:
         """Decodes every item (all or nothing), then queues them for scoring."""
-        items = [decode_item(i, m) for i, m in enumerate(request.items)]
+        items = [decode_item(i, m, self.max_completion_bytes) for i, m in enumerate(request.items)]
         return [self.pool.submit(self._score_one, i, item) for i, item in enumerate(items)]
 
     @staticmethod
@@ -248,14 +264,22 @@ class RewardService(pb_grpc.RewardServiceServicer):
 
 def build_server(verifier, listen: str = "127.0.0.1:0", workers: int = 4,
                  rpc_threads: int = 16, tls: Optional[tuple] = None,
-                 max_message_bytes: int = 64 << 20):
+                 max_message_bytes: int = 64 << 20, client_ca: Optional[bytes] = None,
+                 tokens: Optional["serving.TokenFile"] = None,
+                 max_completion_bytes: int = 1 << 20):
     """A started-ready server (not started) bound to `listen`.
 
     Returns (server, service, "HOST:PORT" with the real port). `tls` is
-    (cert_chain_pem_bytes, private_key_pem_bytes) or None."""
-    service = RewardService(verifier, workers=workers)
+    (cert_chain_pem_bytes, private_key_pem_bytes) or None; `client_ca`
+    (PEM, needs `tls`) requires client certificates it issued; `tokens`
+    requires an actor's bearer token (serving.py). A completion longer than
+    `max_completion_bytes` (UTF-8) is INVALID_ARGUMENT."""
+    if (client_ca or tokens) and not tls:
+        raise ValueError("client certificates and bearer tokens need TLS")
+    service = RewardService(verifier, workers=workers, max_completion_bytes=max_completion_bytes)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=rpc_threads, thread_name_prefix="rpc"),
+        interceptors=serving.interceptors(CLIENT_ROLES, client_ca, tokens),
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -269,8 +293,7 @@ def build_server(verifier, listen: str = "127.0.0.1:0", workers: int = 4,
         raise ValueError(f"--listen {listen!r}: expected HOST:PORT")
     try:
         if tls:
-            creds = grpc.ssl_server_credentials([(tls[1], tls[0])])
-            bound = server.add_secure_port(listen, creds)
+            bound = server.add_secure_port(listen, serving.credentials(tls, client_ca))
         else:
             bound = server.add_insecure_port(listen)
     except RuntimeError as e:  # newer grpcio raises instead of returning 0
@@ -292,29 +315,51 @@ def parse_args(argv=None):
                    help="gRPC handler threads = concurrent calls/streams (default %(default)s)")
     p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (needs --tls-key)")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    p.add_argument("--max-completion-bytes", type=int, default=1 << 20, metavar="N",
+                   help="longest completion (UTF-8 bytes) an item may carry; longer ones are "
+                        "INVALID_ARGUMENT (default %(default)s)")
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds in-flight calls get on SIGTERM/SIGINT (default %(default)s)")
     p.add_argument("--log-level", default="INFO")
+    serving.add_arguments(p, "serve callers without client authentication (needed for "
+                             "--verifier code without --client-ca or --token-file)")
     code = p.add_argument_group("code verifier")
     code.add_argument("--timeout", type=float, default=5.0,
                       help="wall-clock seconds per program (default %(default)s)")
-    code.add_argument("--memory-mb", type=int, default=512, help="address-space limit (default %(default)s)")
+    code.add_argument("--memory-mb", type=int, default=512,
+                      help="memory of a program, all its processes together (default %(default)s)")
     code.add_argument("--max-procs", type=int, default=64,
-                      help="process limit of the sandbox user (default %(default)s)")
+                      help="processes of a program at once (default %(default)s)")
+    code.add_argument("--max-files", type=int, default=1000,
+                      help="files and directories a program may keep (default %(default)s)")
+    code.add_argument("--max-disk-mb", type=int, default=64,
+                      help="disk space a program may use (default %(default)s)")
     code.add_argument("--isolation", choices=["auto", "bwrap", "unshare", "none"], default="auto",
                       help="network isolation; auto tries bwrap, then unshare (default %(default)s)")
     code.add_argument("--allow-network", action="store_true",
                       help="run programs even when no network isolation works")
     code.add_argument("--sandbox-user", default="auto",
-                      help="user to run programs as: auto (nobody when root), none, a name or uid")
+                      help="uids programs run as, one per program at once: auto (free uids of "
+                           "60000-60999), FIRST-LAST, a uid or a name (dedicated to this server: "
+                           "each is cleared of processes after every program), or none (the "
+                           "server's own, needs --allow-same-user)")
+    code.add_argument("--allow-same-user", action="store_true",
+                      help="run programs as the server's own user when it cannot switch users "
+                           "(they can then read its key and token file, and kill it)")
     code.add_argument("--sandbox-python", help="interpreter for programs (default: python3 on /usr/bin)")
     args = p.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         p.error("--tls-cert and --tls-key go together")
-    if args.workers < 1 or args.rpc_threads < 1:
-        p.error("--workers and --rpc-threads must be at least 1")
+    if min(args.workers, args.rpc_threads, args.max_completion_bytes, args.max_files,
+           args.max_disk_mb, args.max_procs, args.memory_mb) < 1:
+        p.error("--workers, --rpc-threads, --max-completion-bytes, --max-files, --max-disk-mb, "
+                "--max-procs and --memory-mb must be at least 1")
     if args.isolation == "none" and not args.allow_network:
         p.error("--isolation none needs --allow-network")
+    # The code verifier runs callers' programs: it needs to know who calls.
+    serving.check_arguments(
+        p, args, "--verifier code runs the programs callers send, and anyone who reaches the "
+                 "port could send them" if args.verifier == "code" else None)
     return args
 
 
@@ -330,6 +375,10 @@ def make_verifier(args):
         allow_network=args.allow_network,
         python=args.sandbox_python,
         sandbox_user=args.sandbox_user,
+        allow_same_user=args.allow_same_user,
+        slots=args.workers,
+        max_files=args.max_files,
+        max_disk_mb=args.max_disk_mb,
     )
 
 
@@ -337,17 +386,26 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    privileges.drop_privileges(args.server_user)  # re-executes as that user
+    verifier = None
     try:
-        verifier = make_verifier(args)
         tls = None
         if args.tls_cert:
             with open(args.tls_cert, "rb") as c, open(args.tls_key, "rb") as k:
                 tls = (c.read(), k.read())
+        client_ca, tokens = serving.authentication(args)
+        verifier = make_verifier(args)
         server, service, address = build_server(
-            verifier, args.listen, workers=args.workers, rpc_threads=args.rpc_threads, tls=tls)
+            verifier, args.listen, workers=args.workers, rpc_threads=args.rpc_threads, tls=tls,
+            client_ca=client_ca, tokens=tokens, max_completion_bytes=args.max_completion_bytes)
     except Exception as e:
         print(f"reward-server: error: {e}", file=sys.stderr)
+        if verifier is not None and getattr(verifier, "close", None):
+            verifier.close()
         return 2
+    if not (client_ca or tokens):
+        log.warning("serving without client authentication: anyone who reaches %s may call it",
+                    address)
 
     stopping = threading.Event()
 
@@ -362,8 +420,9 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.start()
-    log.info("serving %s (reward range [%g, %g]) over %s, %d workers",
-             verifier.name, service.lo, service.hi, "TLS" if tls else "plaintext", args.workers)
+    log.info("serving %s (reward range [%g, %g]) over %s, %s, %d workers",
+             verifier.name, service.lo, service.hi, "TLS" if tls else "plaintext",
+             serving.describe(client_ca, tokens), args.workers)
     print(f"listening on {address}", flush=True)
     server.wait_for_termination()
     service.close()

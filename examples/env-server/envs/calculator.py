@@ -20,14 +20,11 @@ still a call: truncated, reward 0.
 
 from __future__ import annotations
 
-import re
 from typing import List, Tuple
 
 from . import BadRequest, Environment, Message, Problem, StepResult, Turn
 from .answer import grade, reference_integer
 from .expr import ExprError, evaluate
-
-_CALL = re.compile(r"<call>(.*?)</call>", re.S)
 
 PROMPT = (
     "What is {a} * {b} {op} {c}?\n"
@@ -61,14 +58,28 @@ def draw(seed: int) -> Tuple[str, int]:
     return prompt, a * b + c if plus else a * b - c
 
 
+def first_call(message: str):
+    """The text of the turn's first ``<call>...</call>``, or None: what
+    ``re.search(r"<call>(.*?)</call>", message, re.S)`` finds, in linear
+    time (that expression takes quadratic time on many unclosed
+    ``<call>``: 3.6 s for 64 KB)."""
+    start = message.find("<call>")
+    if start < 0:
+        return None
+    end = message.find("</call>", start + len("<call>"))
+    if end < 0:
+        return None  # no later <call> has a close either
+    return message[start + len("<call>"):end]
+
+
 def tool_result(message: str):
     """The value of the turn's first ``<call>``, as the tool's reply, or
     None when the turn makes no call."""
-    call = _CALL.search(message)
+    call = first_call(message)
     if call is None:
         return None
     try:
-        value = str(evaluate(call.group(1)))
+        value = str(evaluate(call))
     except ExprError as e:
         value = f"error: {e}"
     return f"<result>{value}</result>"

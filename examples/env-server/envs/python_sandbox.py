@@ -8,14 +8,17 @@ Each model turn is either
 
 * a program: the turn's last ```` ```python ```` block (also ``py``,
   ``python3``), run once in the reference reward server's sandbox
-  (``examples/reward-server/verifiers/code.py``: its own process tree and
-  temporary directory, resource limits, network isolation; its README says
-  what that does and does not protect against). The observation is one
-  ``tool`` message with the program's stdout, then ``[stderr]`` and its
-  stderr, then ``[timed out after T s]`` or ``[exit status N]`` when it did
-  not exit 0 (``[no output]`` when there is nothing to say); each stream
-  keeps its last ``max_output`` bytes, after a ``[... N bytes cut]`` line.
-  Reward 0, not done, info ``tool_call``, ``exit_code``, ``timeout``;
+  (``examples/reward-server/verifiers/code.py``: a uid of its own, its
+  own process tree and working directory, limits on the program as a
+  whole, network isolation, every process gone when it ends; its README
+  says what that does and does not protect against). The observation is
+  one ``tool`` message with the program's stdout, then ``[stderr]`` and its
+  stderr, then ``[timed out after T s]``, ``[stopped: WHY]`` (a memory,
+  file or disk limit) or ``[exit status N]`` when it did not exit 0
+  (``[no output]`` when there is nothing to say); each stream keeps its
+  last ``max_output`` bytes, after a ``[... N bytes cut]`` line. Reward 0,
+  not done, info ``tool_call``, ``exit_code``, ``timeout`` (and ``limit``,
+  the limit's name, when one stopped it);
 * or, without a block, the final answer, graded by ``answer.grade``
   (without a reference answer: reward 0, info ``no_answer``).
 """
@@ -47,14 +50,20 @@ class PythonSandbox(Environment):
     def __init__(self, max_turns: int = 4, max_output: int = 2048, workers: Optional[int] = None,
                  **sandbox):
         """`sandbox`: CodeVerifier's options (timeout_s, memory_mb,
-        max_procs, isolation, allow_network, python, sandbox_user)."""
+        max_procs, max_files, max_disk_mb, isolation, allow_network,
+        python, sandbox_user, allow_same_user)."""
         self.max_turns = max_turns
         self.max_output = int(max_output)
-        self.sandbox = CodeVerifier(**sandbox)
+        workers = workers or os.cpu_count() or 2
+        # One sandbox identity per program running at once.
+        self.sandbox = CodeVerifier(slots=workers, **sandbox)
         self.name = f"python-sandbox[{self.sandbox.isolation}]"
         # Programs at once, across all episodes: each may take a CPU and
         # --memory-mb for --timeout seconds.
-        self.slots = threading.BoundedSemaphore(workers or os.cpu_count() or 2)
+        self.slots = threading.BoundedSemaphore(workers)
+
+    def close(self) -> None:
+        self.sandbox.close()
 
     def reset(self, problem: Problem) -> Tuple[Optional[int], List[Message]]:
         if not problem.prompt:
@@ -72,11 +81,11 @@ class PythonSandbox(Environment):
             return grade(turn, answer)
         with self.slots:
             out = self.sandbox.run(program, "", output_bytes=self.max_output)
-        return StepResult(
-            messages=[Message("tool", self.render(out))],
-            info={"tool_call": "1", "exit_code": str(out.exit_code),
-                  "timeout": "1" if out.timed_out else "0"},
-        )
+        info = {"tool_call": "1", "exit_code": str(out.exit_code),
+                "timeout": "1" if out.timed_out else "0"}
+        if out.limit:
+            info["limit"] = out.limit
+        return StepResult(messages=[Message("tool", self.render(out))], info=info)
 
     def render(self, out: RunOutcome) -> str:
         """What the model sees of a run (the module's docstring)."""
@@ -87,6 +96,8 @@ class PythonSandbox(Environment):
             parts.append("[stderr]\n" + self._cut(out.stderr_tail, out.stderr_bytes))
         if out.timed_out:
             parts.append(f"[timed out after {self.sandbox.timeout_s:g} s]")
+        elif out.limit:
+            parts.append(f"[stopped: {out.limit_detail or out.limit}]")
         elif out.exit_code:
             parts.append(f"[exit status {out.exit_code}]")
         return "\n".join(parts) or "[no output]"

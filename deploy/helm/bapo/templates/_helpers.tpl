@@ -119,6 +119,12 @@ reward Deployment names the image's parts again with `required`).
 endpoint = {{ include "bapo.rewardUrl" . | toJson }}
 {{- if and .Values.tls.enabled (not .Values.insecure) }}
 ca = {{ include "bapo.tls.caFile" . | toJson }}
+{{- if $r.clientAuthArgs }}
+# The server requires a client certificate (--client-ca): each actor
+# presents its own.
+cert = {{ printf "%s/tls.crt" (include "bapo.tls.dir" .) | toJson }}
+key = {{ printf "%s/tls.key" (include "bapo.tls.dir" .) | toJson }}
+{{- end }}
 {{- else }}
 insecure = true
 {{- end }}
@@ -197,6 +203,13 @@ kind = "grpc"
 endpoint = {{ include "bapo.envUrl" . | toJson }}
 {{- if and .Values.tls.enabled (not .Values.insecure) }}
 ca = {{ include "bapo.tls.caFile" . | toJson }}
+{{- if $e.clientAuthArgs }}
+# The server requires a client certificate (--client-ca): each pod presents
+# its own (the learner's evaluation, which reads this table too, the
+# learner's).
+cert = {{ printf "%s/tls.crt" (include "bapo.tls.dir" .) | toJson }}
+key = {{ printf "%s/tls.key" (include "bapo.tls.dir" .) | toJson }}
+{{- end }}
 {{- else }}
 insecure = true
 {{- end }}

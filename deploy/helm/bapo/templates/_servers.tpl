@@ -5,8 +5,40 @@ and the environment server ("env", bapo.v1.EnvironmentService). Both are
 rendered by the same templates here: (dict "root" $ "component" c
 "portEnv" "BAPO_<C>_PORT" "what" "<one comment line>" "metrics" "<the
 actors' metrics that say how it does>"); .Values.<component> holds the
-values (image, command, args, port, listenArg, tlsArgs, replicas, ...).
+values (image, command, args, port, listenArg, tlsArgs, clientAuthArgs,
+sandbox, dnsEgress, replicas, ...).
 */}}
+
+{{/*
+The pod and container security contexts of such a server: the chart's (or
+the component's own, when set); with <component>.sandbox.enabled, the
+chart's but root with only CAP_SETUID and CAP_SETGID, which the reference
+server keeps when --server-user drops it to its own uid (to start each
+sandboxed program as a uid of its own). (dict "root" $ "v" values "which"
+"pod"|"container").
+*/}}
+{{- define "bapo.userServer.securityContext" -}}
+{{- $r := .root -}}
+{{- $v := .v -}}
+{{- $sandbox := and $v.sandbox $v.sandbox.enabled -}}
+{{- if eq .which "pod" -}}
+{{- if $v.podSecurityContext -}}
+{{- toYaml $v.podSecurityContext -}}
+{{- else if $sandbox -}}
+{{- toYaml (merge (dict "runAsNonRoot" false "runAsUser" 0 "runAsGroup" 0) (omit $r.Values.podSecurityContext "runAsNonRoot" "runAsUser" "runAsGroup")) -}}
+{{- else -}}
+{{- toYaml $r.Values.podSecurityContext -}}
+{{- end -}}
+{{- else -}}
+{{- if $v.containerSecurityContext -}}
+{{- toYaml $v.containerSecurityContext -}}
+{{- else if $sandbox -}}
+{{- toYaml (merge (dict "runAsNonRoot" false "runAsUser" 0 "capabilities" (dict "drop" (list "ALL") "add" (list "SETUID" "SETGID"))) (omit $r.Values.containerSecurityContext "runAsNonRoot" "runAsUser" "capabilities")) -}}
+{{- else -}}
+{{- toYaml $r.Values.containerSecurityContext -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 
 {{/* The Deployment of such a server. */}}
 {{- define "bapo.userServer.deployment" -}}
@@ -16,8 +48,10 @@ values (image, command, args, port, listenArg, tlsArgs, replicas, ...).
 {{- $v := index $r.Values $comp -}}
 {{- $tls := and $r.Values.tls.enabled (not $r.Values.insecure) -}}
 {{- $dir := include "bapo.tls.dir" $r -}}
-{{- $psc := default $r.Values.podSecurityContext $v.podSecurityContext -}}
-{{- $csc := default $r.Values.containerSecurityContext $v.containerSecurityContext -}}
+{{- $psc := include "bapo.userServer.securityContext" (dict "root" $r "v" $v "which" "pod") | fromYaml -}}
+{{- $csc := include "bapo.userServer.securityContext" (dict "root" $r "v" $v "which" "container") | fromYaml -}}
+{{- $sandbox := and $v.sandbox $v.sandbox.enabled -}}
+{{- $clientCa := and $tls $v.clientAuthArgs -}}
 {{- $args := default list $v.args -}}
 {{- if $v.listenArg -}}
 {{- $args = concat $args (list "--listen" (printf "0.0.0.0:%d" (int $v.port))) -}}
@@ -25,9 +59,26 @@ values (image, command, args, port, listenArg, tlsArgs, replicas, ...).
 {{- if and $tls $v.tlsArgs -}}
 {{- $args = concat $args (list "--tls-cert" (printf "%s/tls.crt" $dir) "--tls-key" (printf "%s/tls.key" $dir)) -}}
 {{- end -}}
+{{- if $v.clientAuthArgs -}}
+{{- if $tls -}}
+{{- $args = concat $args (list "--client-ca" (include "bapo.tls.caFile" $r)) -}}
+{{- else -}}
+{{- /* insecure: the NetworkPolicy is the only fence, as for bapo's own services */ -}}
+{{- $args = concat $args (list "--allow-unauthenticated") -}}
+{{- end -}}
+{{- end -}}
+{{- if $sandbox -}}
+{{- $args = concat $args (list "--server-user" (printf "%d:%d" (int $v.sandbox.serverUser) (int $v.sandbox.serverGroup))) -}}
+{{- end -}}
 # {{ .what | wrapWith 74 "\n# " }}
-# Under mutual TLS it serves TLS with server authentication only: its
-# certificate is mounted at {{ $dir }}, the actors verify it with their CA.
+# Under mutual TLS it serves TLS: its certificate is mounted at {{ $dir }},
+# the actors verify it with their CA{{ if $clientCa }}, and it verifies theirs
+# (--client-ca: only certificates of this release's CA get in){{ end }}.
+{{- if $sandbox }}
+# Sandbox: the container starts as root with only CAP_SETUID and CAP_SETGID
+# and the server drops to uid {{ $v.sandbox.serverUser }} keeping them
+# (--server-user), to run each program as a uid of its own.
+{{- end }}
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -136,6 +187,11 @@ spec:
             - name: tls
               mountPath: {{ $dir }}
               readOnly: true
+            {{- if and $clientCa $r.Values.tls.caBundle }}
+            - name: tls-ca
+              mountPath: {{ include "bapo.tls.caDir" $r }}
+              readOnly: true
+            {{- end }}
             {{- end }}
             {{- with $v.extraVolumeMounts }}
             {{- toYaml . | nindent 12 }}
@@ -150,6 +206,11 @@ spec:
             secretName: {{ include "bapo.tls.secretName" $c }}
             # 0440 with fsGroup (the key readable by the pod's group only), else 0444.
             defaultMode: {{ ternary 288 292 (not (empty $psc.fsGroup)) }}
+        {{- if and $clientCa $r.Values.tls.caBundle }}
+        - name: tls-ca
+          configMap:
+            name: {{ include "bapo.fullname" $r }}-ca-bundle
+        {{- end }}
         {{- end }}
         {{- with $v.extraVolumes }}
         {{- toYaml . | nindent 8 }}
@@ -220,7 +281,9 @@ spec:
 Its NetworkPolicy: in, only the pods of the client components (the actors;
 for the environment server also the learner, whose evaluation plays
 episodes), on the gRPC port (no metrics port, so nothing for Prometheus);
-out (with restrictEgress), DNS and <component>.extraEgress.
+out (with restrictEgress), <component>.extraEgress and, with
+<component>.dnsEgress, DNS (which sandboxed programs could use to carry
+data out).
 (dict "root" $ "component" c "clients" (list "actor" ...)).
 */}}
 {{- define "bapo.userServer.networkPolicy" -}}
@@ -255,15 +318,22 @@ spec:
         - port: grpc
           protocol: TCP
   {{- if $np.restrictEgress }}
+  {{- if or $v.extraEgress $v.dnsEgress }}
   egress:
     {{- with $v.extraEgress }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+    {{- if $v.dnsEgress }}
     - ports:
         - port: 53
           protocol: UDP
         - port: 53
           protocol: TCP
+    {{- end }}
+  {{- else }}
+  # Nothing out.
+  egress: []
+  {{- end }}
   {{- end }}
 {{- end -}}
 

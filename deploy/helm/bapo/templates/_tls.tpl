@@ -32,7 +32,7 @@ and environment servers, which serve TLS with server authentication only).
 {{- fail "tls.existingSecrets.reward is required when reward.enabled is true and tls.certManager.enabled is false (a Secret with tls.crt and tls.key for the reward server, carrying the DNS names of its Service, signed by a CA in the actors' ca.crt)" -}}
 {{- end -}}
 {{- if and .Values.env.enabled (not $ex.env) -}}
-{{- fail "tls.existingSecrets.env is required when env.enabled is true and tls.certManager.enabled is false (a Secret with tls.crt and tls.key for the environment server, carrying the DNS names of its Service, signed by a CA in the actors' ca.crt)" -}}
+{{- fail "tls.existingSecrets.env is required when env.enabled is true and tls.certManager.enabled is false (a Secret with tls.crt and tls.key for the environment server, carrying the DNS names of its Service, signed by a CA in the actors' ca.crt; and, with env.clientAuthArgs, ca.crt: the CA of the actors' and the learner's certificates, unless tls.caBundle)" -}}
 {{- end -}}
 {{- if $cm.perPodActorIdentities -}}
 {{- fail "tls.certManager.perPodActorIdentities needs tls.certManager.enabled (cert-manager's csi-driver issues them)" -}}
@@ -79,7 +79,7 @@ actor/${POD_NAME}
 {{/* Key usages of a component's certificate, as a JSON list. */}}
 {{- define "bapo.tls.usages" -}}
 {{- if has .component (list "buffer" "reward" "env") -}}
-{{- /* Servers only; the reward and environment servers authenticate no clients. */ -}}
+{{- /* Servers only; the reward and environment servers verify their clients' certificates against the CA (--client-ca), not their own. */ -}}
 ["digital signature", "server auth"]
 {{- else if eq .component "learner" -}}
 {{- /* One certificate both ways: served to actors, presented to the buffer. */ -}}
