@@ -50,6 +50,10 @@ pub struct RunArgs {
     /// No progress bar: log lines only.
     #[arg(long)]
     pub quiet: bool,
+    /// Print the whole summary as JSON at the end (what summary.json
+    /// holds) instead of a few lines.
+    #[arg(long)]
+    pub json: bool,
     /// Train LoRA adapters on the frozen warm start instead of every
     /// weight: r 16, alpha 32 on all attention and MLP projections, at
     /// 10x learner.lr (as "LoRA Without Regret" advises). A
@@ -88,7 +92,12 @@ impl RunArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let json = args.json;
     let summary = run::run(&args.options()).await?;
-    println!("{}", serde_json::to_string_pretty(&summary)?);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        println!("{}", summary.brief());
+    }
     Ok(())
 }

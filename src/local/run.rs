@@ -98,9 +98,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<LocalRunSummary> {
     )?;
     report::write(&out, &summary).context("writing the report")?;
     eprintln!(
-        "held-out greedy accuracy {:.3} -> {:.3}; report: {}",
-        summary.warm_start_accuracy,
-        summary.final_accuracy,
+        "report: {} (every number: summary.json)",
         out.join("report.html").display()
     );
     Ok(summary)
