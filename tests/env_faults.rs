@@ -8,7 +8,9 @@
 //!   dropped by reason `timeout`;
 //! - answers lost after acting (`--fail-every`): the retry repeats the
 //!   turn number and gets the stored answer, so the episode completes
-//!   with each turn acted on once.
+//!   with each turn acted on once;
+//! - a reset slower than the actor's timeout (`--slow-resets`): the
+//!   episode it opens is closed, so it does not hold the server's room.
 
 mod common;
 
@@ -28,9 +30,13 @@ use bapo_tasks::Problem;
 use common::{Loop, actor_config, groups_admitted as admitted, wait_until};
 use tokio::process::Child;
 
-/// The reference server on `listen` with `args`, and the address it bound.
+/// The reference server on `listen` with `args`, and the address it bound;
+/// without client authentication (loopback; tests/env_service.rs runs it
+/// with client certificates).
 async fn env_server(listen: &str, args: &[&str]) -> (Child, String) {
-    common::script_server("env-server.sh", listen, args).await
+    let mut all = vec!["--allow-unauthenticated"];
+    all.extend_from_slice(args);
+    common::script_server("env-server.sh", listen, &all).await
 }
 
 fn env_config(addr: &str, timeout_ms: u64, retries: u32) -> EnvConfig {
@@ -186,4 +192,54 @@ async fn a_slow_environment_times_out_and_lost_answers_are_retried_once_acted() 
     };
     assert_eq!((ep.turns, ep.tool_calls, ep.reward), (2, 1, 1.0), "{ep:?}");
     assert_eq!(ep.finish, Some(Finish::Stop));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_abandoned_by_its_timeout_leaves_no_episode_open() {
+    // Room for one episode on the server; its first reset takes 1.5 s
+    // (a container booting), the actor gives up after 300 ms.
+    let args = [
+        "--max-episodes",
+        "1",
+        "--slow-resets",
+        "1",
+        "--reset-delay-ms",
+        "1500",
+    ];
+    let (_server, addr) = env_server("127.0.0.1:0", &args).await;
+    let cfg = env_config(&addr, 300, 0);
+    let (url, tls) = cfg.validate().unwrap().unwrap();
+    let env = Remote::new(&cfg, &url, tls).unwrap();
+    let problem = Problem {
+        id: "p".into(),
+        prompt: "12*34=".into(),
+        answer: "408".into(),
+        solution: String::new(),
+    };
+    let input = ResetInput {
+        task: "arith-tool",
+        problem: &problem,
+        seed: 0,
+    };
+    let slow = tokio::time::timeout(Duration::from_millis(300), env.reset(input)).await;
+    assert!(slow.is_err(), "the slow reset answered in time");
+    // Once the server has finished that reset, the episode it opened must
+    // not hold its one slot (before the fix it did until its TTL, 600 s:
+    // every later reset was RESOURCE_EXHAUSTED).
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let mut last = None;
+    for _ in 0..20 {
+        match env.reset(input).await {
+            Ok(s) => {
+                env.close(&s.episode_id).await;
+                return;
+            }
+            Err(e) => {
+                assert_eq!(e.reason, "capacity", "{e}");
+                last = Some(e);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    panic!("the abandoned reset's episode is still open: {last:?}");
 }

@@ -6,18 +6,25 @@
 //! tests/env_faults.rs plays them in turn against the same server). The
 //! model calls the calculator, reads its result and answers; the run
 //! trains, its books reconcile, and the actors' metrics show episodes of
-//! more than one turn and tool calls.
+//! more than one turn and tool calls. The server requires client
+//! certificates (`--client-ca`): the actors present theirs
+//! (`[actor.env] cert`, `key`), issued by the test's own CA.
 
 mod common;
 
 use std::{
+    path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
+use bapo_proto::tls::pki::{Ca, Options};
+
 use common::{read_json, scrape};
 
-fn config(endpoint: &str) -> String {
+fn config(endpoint: &str, tls: &Path) -> String {
+    let f = |name: &str| tls.join(name).display().to_string();
+    let (ca, cert, key) = (f("ca.pem"), f("actor.pem"), f("actor.key"));
     format!(
         r#"
 [run]
@@ -56,7 +63,10 @@ max_new_tokens = 24
 
 [actor.env]
 kind = "grpc"
-endpoint = "grpc://{endpoint}"
+endpoint = "grpcs://{endpoint}"
+ca = "{ca}"
+cert = "{cert}"
+key = "{key}"
 max_turns = 3
 max_episode_tokens = 96
 max_observation_tokens = 32
@@ -72,18 +82,63 @@ fn sample(body: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// Without a client certificate the server answers nothing (the TLS
+/// handshake fails); with one of the CA's it describes itself.
+async fn only_a_certified_actor_is_served(addr: &str, tls: &Path) {
+    use bapo_actor::env::{EnvConfig, EnvKind, Environment, remote::Remote};
+    let mut cfg = EnvConfig {
+        kind: EnvKind::Grpc,
+        endpoint: format!("grpcs://{addr}"),
+        ca: Some(tls.join("ca.pem")),
+        ..Default::default()
+    };
+    let url = format!("https://{addr}");
+    let anonymous = Remote::new(&cfg, &url, true).unwrap();
+    let refused = anonymous.describe().await.unwrap_err();
+    assert!(refused.message.contains("transport error"), "{refused}");
+    cfg.cert = Some(tls.join("actor.pem"));
+    cfg.key = Some(tls.join("actor.key"));
+    let certified = Remote::new(&cfg, &url, true).unwrap();
+    let info = certified.describe().await.unwrap();
+    assert!(info.name.contains("calculator"), "{info:?}");
+}
+
 #[test]
 fn bapo_run_trains_on_multi_turn_episodes_from_a_python_environment() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    // The server lives (and is killed on drop) with `_server`.
-    let (_server, addr) = rt.block_on(common::script_server(
-        "env-server.sh",
-        "127.0.0.1:0",
-        &["--env", "calculator"],
-    ));
     let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    let ca = Ca::new("env-test").unwrap();
+    let hosts = Options {
+        hosts: vec!["127.0.0.1".into()],
+        valid: None,
+    };
+    let server = ca
+        .write(&tls, "server", &ca.issue("env", &hosts).unwrap())
+        .unwrap();
+    ca.write(
+        &tls,
+        "actor",
+        &ca.issue("actor/a", &Options::default()).unwrap(),
+    )
+    .unwrap();
+    let path = |p: &Path| p.display().to_string();
+    let args = [
+        "--env".to_string(),
+        "calculator".into(),
+        "--tls-cert".into(),
+        path(&server.cert),
+        "--tls-key".into(),
+        path(&server.key),
+        "--client-ca".into(),
+        path(&server.ca),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // The server lives (and is killed on drop) with `_server`.
+    let (_server, addr) = rt.block_on(common::script_server("env-server.sh", "127.0.0.1:0", &args));
+    rt.block_on(only_a_certified_actor_is_served(&addr, &tls));
     let cfg = dir.path().join("bapo.toml");
-    std::fs::write(&cfg, config(&addr)).unwrap();
+    std::fs::write(&cfg, config(&addr, &tls)).unwrap();
     let out = dir.path().join("run");
     let mut child = Command::new(env!("CARGO_BIN_EXE_bapo"))
         .args(["run", "--quiet", "--config"])

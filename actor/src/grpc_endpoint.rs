@@ -1,13 +1,21 @@
 //! A gRPC service named in a config table (`[reward]`, `[actor.env]`):
 //! `grpc://host:port` (plaintext, loopback only unless the table says
 //! `insecure`) or `grpcs://host:port` (TLS, the server verified against the
-//! table's `ca`). One parser and one channel builder, so every table that
+//! table's `ca`), where the actor proves who it is with a client
+//! certificate (`cert`, `key`) or a bearer token (`token_file`, bapo's
+//! token-file format, the first secret of role `actor`), as bapo's own
+//! services do. One parser and one channel builder, so every table that
 //! names a service accepts, refuses and connects alike, and its errors name
 //! the table's own keys.
 
 use std::{path::Path, time::Duration};
 
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+use bapo_proto::tls::{Role, token::TokenFile};
+use tonic::{
+    metadata::{Ascii, MetadataValue},
+    service::{Interceptor, interceptor::InterceptedService},
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
+};
 
 /// A table's endpoint and TLS settings, borrowed.
 #[derive(Debug, Clone, Copy)]
@@ -18,6 +26,28 @@ pub struct GrpcEndpoint<'a> {
     pub ca: Option<&'a Path>,
     pub server_name: Option<&'a str>,
     pub insecure: bool,
+    /// The actor's client certificate and key (PEM), with `grpcs://`.
+    pub cert: Option<&'a Path>,
+    pub key: Option<&'a Path>,
+    /// A bapo token file whose `actor` secret every call carries.
+    pub token_file: Option<&'a Path>,
+}
+
+/// A channel whose calls carry the table's bearer token, if any.
+pub type AuthedChannel = InterceptedService<Channel, Bearer>;
+
+/// Adds `authorization: Bearer <secret>` to every call (read once, when
+/// the channel is built).
+#[derive(Clone, Default)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
 }
 
 /// Where to connect: a tonic URL (`http://` or `https://`).
@@ -37,6 +67,8 @@ pub enum EndpointError {
     NoCa(&'static str),
     #[error("{0}.{1} only applies to a grpcs:// endpoint")]
     TlsOnly(&'static str, &'static str),
+    #[error("{0}.cert and {0}.key go together (the client certificate and its key)")]
+    CertKey(&'static str),
     #[error(
         "{0}.endpoint = {1:?} is plaintext beyond loopback: use grpcs:// with {0}.ca, or set \
          {0}.insecure = true"
@@ -63,8 +95,16 @@ impl GrpcEndpoint<'_> {
             (false, Some(_)) => return Err(EndpointError::TlsOnly(self.table, "ca")),
             _ => {}
         }
-        if !tls && self.server_name.is_some() {
-            return Err(EndpointError::TlsOnly(self.table, "server_name"));
+        if self.cert.is_some() != self.key.is_some() {
+            return Err(EndpointError::CertKey(self.table));
+        }
+        let credentials = [
+            ("server_name", self.server_name.is_some()),
+            ("cert", self.cert.is_some()),
+            ("token_file", self.token_file.is_some()),
+        ];
+        if let Some((key, _)) = credentials.iter().find(|(_, set)| !tls && *set) {
+            return Err(EndpointError::TlsOnly(self.table, key));
         }
         if !tls && !self.insecure && !bapo_proto::tls::is_loopback_url(self.endpoint) {
             return Err(EndpointError::Plaintext(
@@ -97,9 +137,47 @@ impl GrpcEndpoint<'_> {
             if let Some(name) = self.server_name {
                 tls = tls.domain_name(name);
             }
+            if let (Some(cert), Some(key)) = (self.cert, self.key) {
+                let read = |what: &str, p: &Path| {
+                    std::fs::read(p).map_err(|e| {
+                        anyhow::anyhow!("reading {}.{what} {}: {e}", self.table, p.display())
+                    })
+                };
+                tls = tls.identity(Identity::from_pem(read("cert", cert)?, read("key", key)?));
+            }
             ep = ep.tls_config(tls)?;
         }
         Ok(ep)
+    }
+
+    /// A lazily connected channel to `target` whose calls carry the
+    /// table's token.
+    pub fn connect_lazy(&self, target: &Target) -> anyhow::Result<AuthedChannel> {
+        let channel = self.channel(target)?.connect_lazy();
+        Ok(InterceptedService::new(channel, self.bearer()?))
+    }
+
+    /// The `actor` secret of `token_file`, as a header value.
+    fn bearer(&self) -> anyhow::Result<Bearer> {
+        let Some(path) = self.token_file else {
+            return Ok(Bearer::default());
+        };
+        let file =
+            TokenFile::load(path).map_err(|e| anyhow::anyhow!("{}.token_file: {e}", self.table))?;
+        let secret = file.secret_for(Role::Actor).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}.token_file {}: no plain secret of role actor",
+                self.table,
+                path.display()
+            )
+        })?;
+        let value = format!("Bearer {secret}").parse().map_err(|_| {
+            anyhow::anyhow!(
+                "{}.token_file: the secret is not a header value",
+                self.table
+            )
+        })?;
+        Ok(Bearer(Some(value)))
     }
 }
 
@@ -114,6 +192,9 @@ mod tests {
             ca: ca.map(Path::new),
             server_name: None,
             insecure,
+            cert: None,
+            key: None,
+            token_file: None,
         }
         .target()
     }
@@ -152,6 +233,9 @@ mod tests {
             ca: None,
             server_name: Some("x"),
             insecure: false,
+            cert: None,
+            key: None,
+            token_file: None,
         };
         assert!(
             named
@@ -163,6 +247,67 @@ mod tests {
     }
 
     #[test]
+    fn client_credentials_need_tls_and_each_other() {
+        let ep = |endpoint: &'static str,
+                  cert: Option<&'static str>,
+                  key: Option<&'static str>,
+                  token: Option<&'static str>| {
+            GrpcEndpoint {
+                table: "t",
+                endpoint,
+                ca: endpoint.starts_with("grpcs").then(|| Path::new("ca.pem")),
+                server_name: None,
+                insecure: false,
+                cert: cert.map(Path::new),
+                key: key.map(Path::new),
+                token_file: token.map(Path::new),
+            }
+            .target()
+            .map_err(|e| e.to_string())
+        };
+        let tls = "grpcs://x:1";
+        assert!(ep(tls, Some("c"), Some("k"), None).is_ok());
+        assert!(ep(tls, None, None, Some("t")).is_ok());
+        assert!(
+            ep(tls, Some("c"), None, None)
+                .unwrap_err()
+                .contains("t.cert and t.key")
+        );
+        let plain = "grpc://127.0.0.1:1";
+        assert!(
+            ep(plain, Some("c"), Some("k"), None)
+                .unwrap_err()
+                .contains("t.cert only")
+        );
+        assert!(
+            ep(plain, None, None, Some("t"))
+                .unwrap_err()
+                .contains("t.token_file only")
+        );
+    }
+
+    #[test]
+    fn a_token_file_without_an_actor_secret_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tokens");
+        std::fs::write(&file, "learner 0123456789abcdef0123\n").unwrap();
+        let ep = GrpcEndpoint {
+            table: "t",
+            endpoint: "grpcs://x:1",
+            ca: None,
+            server_name: None,
+            insecure: false,
+            cert: None,
+            key: None,
+            token_file: Some(&file),
+        };
+        let e = ep.bearer().err().unwrap().to_string();
+        assert!(e.contains("no plain secret of role actor"), "{e}");
+        std::fs::write(&file, "actor 0123456789abcdef0123\n").unwrap();
+        assert!(ep.bearer().unwrap().0.is_some());
+    }
+
+    #[test]
     fn a_missing_ca_file_is_named_when_the_channel_is_built() {
         let ep = GrpcEndpoint {
             table: "t",
@@ -170,6 +315,9 @@ mod tests {
             ca: Some(Path::new("/nonexistent/ca.pem")),
             server_name: None,
             insecure: false,
+            cert: None,
+            key: None,
+            token_file: None,
         };
         let e = ep.channel(&ep.target().unwrap()).unwrap_err().to_string();
         assert!(e.contains("reading t.ca /nonexistent/ca.pem"), "{e}");

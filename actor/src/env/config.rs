@@ -108,6 +108,13 @@ pub struct EnvConfig {
     /// Allow plaintext (`grpc://`, or `http://` for OpenEnv) to a host
     /// beyond loopback.
     pub insecure: bool,
+    /// grpcs: the actor's client certificate and key (PEM), for a server
+    /// that requires one (the reference servers' `--client-ca`).
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// grpcs: a bapo token file; every call carries its `actor` secret
+    /// (the reference servers' `--token-file`).
+    pub token_file: Option<PathBuf>,
     /// Play a group's K episodes at once, each on a thread of its own,
     /// instead of one after another: vLLM batches their concurrent turns.
     /// Each slot then holds K environment sessions at a time. Unset: at
@@ -134,6 +141,9 @@ impl Default for EnvConfig {
             ca: None,
             server_name: None,
             insecure: false,
+            cert: None,
+            key: None,
+            token_file: None,
             parallel_members: None,
             openenv: OpenEnvConfig::default(),
         }
@@ -285,6 +295,9 @@ impl EnvConfig {
             ca: self.ca.as_deref(),
             server_name: self.server_name.as_deref(),
             insecure: self.insecure,
+            cert: self.cert.as_deref(),
+            key: self.key.as_deref(),
+            token_file: self.token_file.as_deref(),
         }
     }
 }

@@ -4,7 +4,10 @@
 //! [`MAX_OBSERVATION_BYTES`], token ids packed whole, info maps bounded,
 //! rewards finite (the declared range is checked per step by the episode).
 //! A server that no longer knows an episode (it restarted) answers
-//! NOT_FOUND, and the episode is dropped without a retry.
+//! NOT_FOUND, and the episode is dropped without a retry. Each Reset
+//! proposes the episode's id, so one the actor gave up on (its call
+//! timeout) or could not use is closed under that id and holds nothing on
+//! the server.
 
 use bapo_proto::{
     packed,
@@ -13,13 +16,18 @@ use bapo_proto::{
         environment_service_client::EnvironmentServiceClient,
     },
 };
-use tonic::{Code, transport::Channel};
+use std::time::Duration;
+
+use tonic::Code;
 
 use super::{
     EnvConfig, EnvError, EnvInfo, Environment, Message, Observation, ResetInput, Started,
     StepOutcome, Turn,
 };
-use crate::{grpc_endpoint::Target, reward::BoxFuture};
+use crate::{
+    grpc_endpoint::{AuthedChannel, Target},
+    reward::BoxFuture,
+};
 
 /// Largest observation accepted, contents or token ids, in bytes.
 pub const MAX_OBSERVATION_BYTES: usize = 1 << 20;
@@ -30,7 +38,7 @@ pub const MAX_INFO_KEY_BYTES: usize = 64;
 pub const MAX_INFO_BYTES: usize = 256;
 
 pub struct Remote {
-    client: EnvironmentServiceClient<Channel>,
+    client: EnvironmentServiceClient<AuthedChannel>,
     url: String,
 }
 
@@ -41,9 +49,8 @@ impl Remote {
             url: url.to_string(),
             tls,
         };
-        let ep = cfg.grpc().channel(&target)?;
         Ok(Self {
-            client: EnvironmentServiceClient::new(ep.connect_lazy()),
+            client: EnvironmentServiceClient::new(cfg.grpc().connect_lazy(&target)?),
             url: url.to_string(),
         })
     }
@@ -62,6 +69,44 @@ impl Remote {
             format!("{what} at {}: {}: {}", self.url, s.code(), s.message()),
             retryable,
         )
+    }
+}
+
+/// How long the Close of an abandoned Reset may take, in the background.
+const ABANDONED_CLOSE: Duration = Duration::from_secs(10);
+
+/// Closes an episode that is not to be kept: a Reset dropped mid-call (the
+/// actor's call timeout), failed, or answered with what cannot be used
+/// leaves nothing open on the server (the proposed id is what a server
+/// that honours it opened; closing an unknown id succeeds).
+struct CloseUnlessKept {
+    client: Option<EnvironmentServiceClient<AuthedChannel>>,
+    id: String,
+}
+
+impl CloseUnlessKept {
+    fn keep(&mut self) {
+        self.client = None;
+    }
+}
+
+impl Drop for CloseUnlessKept {
+    fn drop(&mut self) {
+        let (Some(mut client), Ok(rt)) =
+            (self.client.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let req = CloseRequest {
+            episode_id: std::mem::take(&mut self.id),
+        };
+        rt.spawn(async move {
+            match tokio::time::timeout(ABANDONED_CLOSE, client.close(req)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(s)) => tracing::debug!("Close of an abandoned episode: {s}"),
+                Err(_) => tracing::debug!("Close of an abandoned episode timed out"),
+            }
+        });
     }
 }
 
@@ -165,6 +210,7 @@ impl Environment for Remote {
 
     fn reset<'a>(&'a self, input: ResetInput<'a>) -> BoxFuture<'a, Result<Started, EnvError>> {
         let mut client = self.client.clone();
+        let proposed = format!("{:024x}", rand::random::<u128>() >> 32);
         let req = ResetRequest {
             task: input.task.to_string(),
             problem_id: input.problem.id.clone(),
@@ -172,6 +218,11 @@ impl Environment for Remote {
             answer: input.problem.answer.clone(),
             metadata: Default::default(),
             seed: input.seed,
+            episode_id: proposed.clone(),
+        };
+        let mut guard = CloseUnlessKept {
+            client: Some(self.client.clone()),
+            id: proposed,
         };
         Box::pin(async move {
             let r = client
@@ -185,8 +236,10 @@ impl Environment for Remote {
                     r.episode_id.len()
                 )));
             }
+            guard.id.clone_from(&r.episode_id);
             let observation = observation(r.observation)?
                 .ok_or_else(|| garbage("Reset answered no first observation".into()))?;
+            guard.keep();
             Ok(Started {
                 episode_id: r.episode_id,
                 observation,

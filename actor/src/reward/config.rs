@@ -31,6 +31,13 @@ pub struct RewardConfig {
     pub server_name: Option<String>,
     /// Allow `grpc://` (plaintext) to a host beyond loopback.
     pub insecure: bool,
+    /// grpcs: the actor's client certificate and key (PEM), for a server
+    /// that requires one (the reference servers' `--client-ca`).
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// grpcs: a bapo token file; every call carries its `actor` secret
+    /// (the reference servers' `--token-file`).
+    pub token_file: Option<PathBuf>,
 }
 
 impl Default for RewardConfig {
@@ -45,6 +52,9 @@ impl Default for RewardConfig {
             ca: None,
             server_name: None,
             insecure: false,
+            cert: None,
+            key: None,
+            token_file: None,
         }
     }
 }
@@ -120,6 +130,9 @@ impl RewardConfig {
             ca: self.ca.as_deref(),
             server_name: self.server_name.as_deref(),
             insecure: self.insecure,
+            cert: self.cert.as_deref(),
+            key: self.key.as_deref(),
+            token_file: self.token_file.as_deref(),
         }
     }
 

@@ -18,17 +18,17 @@ use bapo_proto::{
     },
 };
 use tokio::sync::Semaphore;
-use tonic::{Code, transport::Channel};
+use tonic::Code;
 
 use super::{BoxFuture, Group, RewardConfig, RewardError, Scored, Verifier};
-use crate::grpc_endpoint::Target;
+use crate::grpc_endpoint::{AuthedChannel, Target};
 
 /// Sub-scores per completion, at most (each becomes a metadata entry).
 const MAX_SUB_SCORES: usize = 16;
 const MAX_SUB_SCORE_NAME: usize = 64;
 
 pub struct Remote {
-    client: RewardServiceClient<Channel>,
+    client: RewardServiceClient<AuthedChannel>,
     url: String,
     timeout: Duration,
     send_tokens: bool,
@@ -69,7 +69,7 @@ impl Remote {
             url: url.to_string(),
             tls,
         };
-        let channel = cfg.grpc().channel(&target)?.connect_lazy();
+        let channel = cfg.grpc().connect_lazy(&target)?;
         Ok(Self {
             client: RewardServiceClient::new(channel),
             url: url.to_string(),
