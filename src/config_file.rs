@@ -29,6 +29,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::security::TlsConfig;
 
+mod cross_table;
+
 /// The built-in configuration of `bapo run`.
 pub const TINY_ARITH: &str = include_str!("../configs/tiny-arith.toml");
 
@@ -87,11 +89,11 @@ impl ConfigFile {
     }
 
     /// The file's tables, agreeing on the facts several of them state
-    /// ([`crate::cross_table`]).
+    /// ([`cross_table`]).
     pub fn parse(text: &str) -> anyhow::Result<Self> {
         let mut c: Self = toml::from_str(text)?;
         let table: toml::Table = toml::from_str(text)?;
-        crate::cross_table::settle(&mut c, &table)?;
+        cross_table::settle(&mut c, &table)?;
         Ok(c)
     }
 

@@ -3,12 +3,14 @@
 #[cfg(feature = "bench")]
 mod bench;
 mod commands;
+mod common;
 mod config_file;
-mod cross_table;
+mod evaluation;
 mod fatal;
 mod local;
 mod security;
 mod telemetry;
+mod warm_start;
 
 use clap::{Parser, Subcommand};
 

@@ -9,16 +9,7 @@ use crate::{
     vllm::{VllmConfig, VllmConfigError},
 };
 
-/// What to do with in-flight responses when new weights arrive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum UpdateMode {
-    /// Keep generating with the new weights: later tokens carry the new
-    /// version, the KV cache is rebuilt (partial rollouts).
-    Partial,
-    /// Throw the in-flight group away and start it again.
-    Restart,
-}
+pub use crate::update_mode::UpdateMode;
 
 /// What generates the responses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]

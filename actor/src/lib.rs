@@ -23,8 +23,10 @@ pub mod push;
 pub mod reward;
 pub mod rollout;
 pub mod run;
+pub mod seed;
 pub mod stop;
 pub mod subscription;
+pub mod update_mode;
 pub mod vllm;
 
 pub use config::{ActorConfig, Engine, UpdateMode};

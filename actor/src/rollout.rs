@@ -17,10 +17,10 @@ use bapo_tasks::{Problem, Shaping};
 use metrics::counter;
 
 use crate::{
-    config::UpdateMode,
     metrics as names,
     reward::{Completion, Scored},
     subscription::{PolicyCell, Versioned},
+    update_mode::UpdateMode,
 };
 
 pub enum Outcome {

@@ -43,6 +43,7 @@ use crate::{
     push::push_group,
     reward::{self, Retry, RewardConfig, Verifier, score_group},
     rollout::{Origin, Outcome, Packing, completions, follow_cell, generate, pack},
+    seed::fnv1a,
     stop::StopFlag,
     subscription::{self, PolicyCell, Versioned},
     vllm,
@@ -699,12 +700,4 @@ pub fn slot_rng(actor_id: &str, slot: usize, seed: u64, os_entropy: bool) -> Sma
         return SmallRng::from_os_rng();
     }
     SmallRng::seed_from_u64(fnv1a(&format!("{actor_id}-{slot}")) ^ seed)
-}
-
-/// FNV-1a, a stable 64-bit hash of a string (seeds per slot, episode
-/// and turn).
-pub(crate) fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    })
 }

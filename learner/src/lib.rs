@@ -12,6 +12,7 @@ pub mod advantage;
 pub mod broadcast;
 pub mod checkpoint;
 pub mod config;
+mod config_error;
 pub mod flops;
 pub mod grads;
 pub mod intake;

@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use rand::{SeedableRng, rngs::SmallRng, seq::SliceRandom, seq::index};
 use serde::{Deserialize, Serialize};
 
-use crate::{config::ConfigError, rollouts::TrainGroup};
+use crate::{config_error::ConfigError, rollouts::TrainGroup};
 
 /// `[learner.remix]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -15,7 +15,7 @@ use rand::{SeedableRng, rngs::SmallRng, seq::index};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    config::ConfigError,
+    config_error::ConfigError,
     loss::registry::{ClipCovOptions, LossOptions},
 };
 

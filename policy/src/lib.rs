@@ -5,6 +5,7 @@
 //! Actors sample from this model and the learner trains it; both compute
 //! log-probs of the same temperature-scaled distribution (`logprob.rs`).
 
+pub mod adapters;
 pub mod cache;
 pub mod chat;
 pub mod config;

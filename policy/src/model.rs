@@ -15,11 +15,11 @@ use burn::{
 };
 
 use crate::{
+    adapters::{Adapters, LayerAdapters, LoraPair, Target},
     cache::KvCache,
     config::ModelConfig,
     device::Precision,
     kernels,
-    lora::{Adapters, LayerAdapters, Target},
     rope::Rope,
 };
 
@@ -97,7 +97,7 @@ impl Attention {
 }
 
 /// The adapter of projection `t`, with the adapters' settings.
-fn adapter(lora: LayerLora<'_>, t: Target) -> Option<(&Adapters, &crate::lora::LoraPair)> {
+fn adapter(lora: LayerLora<'_>, t: Target) -> Option<(&Adapters, &LoraPair)> {
     lora.and_then(|(all, layer)| layer.get(t).map(|p| (all, p)))
 }
 
@@ -106,11 +106,7 @@ fn adapter(lora: LayerLora<'_>, t: Target) -> Option<(&Adapters, &crate::lora::L
 /// cast to the activations' dtype: a no-op at f32, and under autodiff the
 /// cast's backward returns the gradient to the f32 master weight. An
 /// adapter adds its low-rank update on the side (`lora.rs`).
-fn project(
-    l: &Linear,
-    lora: Option<(&Adapters, &crate::lora::LoraPair)>,
-    x: Tensor<2>,
-) -> Tensor<2> {
+fn project(l: &Linear, lora: Option<(&Adapters, &LoraPair)>, x: Tensor<2>) -> Tensor<2> {
     let dt = x.dtype();
     let delta = lora.map(|(all, pair)| all.delta(pair, x.clone()));
     let y = kernels::linear(

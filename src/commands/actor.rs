@@ -5,7 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 use bapo_actor::{ActorOptions, UpdateMode};
 use clap::Args;
 
-use super::common;
+use crate::common;
 use bapo_proto::tls::Role;
 
 use crate::{config_file::ConfigFile, security::TlsArgs, telemetry};

@@ -14,7 +14,7 @@ use bapo_policy::{Policy, burn::prelude::Device, tokenizer::TextTokenizer};
 use clap::Args;
 use tokio::sync::watch;
 
-use super::common;
+use crate::common;
 use bapo_proto::tls::Role;
 
 use crate::{config_file::ConfigFile, security::TlsArgs, telemetry};

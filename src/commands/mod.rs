@@ -2,7 +2,6 @@
 
 pub mod actor;
 pub mod buffer;
-pub mod common;
 pub mod eval;
 pub mod learner;
 pub mod loss;

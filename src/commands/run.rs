@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::common;
+use crate::common;
 use crate::local::{options::RunOptions, run};
 
 #[derive(Debug, Args)]

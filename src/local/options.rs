@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::{commands::common::DeviceArgs, config_file::ConfigFile};
+use crate::{common::DeviceArgs, config_file::ConfigFile};
 
 /// `--lora`'s learning rate over full fine-tuning's: LoRA's best rate was
 /// about 10x full fine-tuning's across models in "LoRA Without Regret"

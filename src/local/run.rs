@@ -18,10 +18,7 @@ use super::{
     supervise::Children,
     tail::{self, Followed},
 };
-use crate::{
-    commands::{eval, sft},
-    config_file::ConfigFile,
-};
+use crate::{config_file::ConfigFile, evaluation as eval, warm_start as sft};
 
 /// Runs the whole loop and returns what `summary.json` holds.
 pub async fn run(opts: &RunOptions) -> anyhow::Result<LocalRunSummary> {

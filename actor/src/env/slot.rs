@@ -9,9 +9,9 @@ use tokio::{runtime::Handle, sync::watch};
 
 use super::episode::{Model, TurnMade};
 use crate::{
-    config::UpdateMode,
     rollout::{Outcome, follow_cell, generate},
     subscription::PolicyCell,
+    update_mode::UpdateMode,
     vllm,
 };
 
@@ -39,7 +39,7 @@ impl SlotModel {
     fn params(&self, max_new: usize, turn: u32) -> SamplingParams {
         let mut p = self.params.clone();
         p.max_new_tokens = max_new;
-        p.seed = crate::run::fnv1a(&format!("{}-{}-{turn}", self.params.seed, self.member));
+        p.seed = crate::seed::fnv1a(&format!("{}-{}-{turn}", self.params.seed, self.member));
         p
     }
 }

@@ -44,7 +44,9 @@ use tokio::{sync::watch, task::JoinHandle};
 
 pub use config::{VllmConfig, VllmConfigError};
 
-use crate::{config::UpdateMode, metrics as names, rollout::Outcome, subscription::PolicyCell};
+use crate::{
+    metrics as names, rollout::Outcome, subscription::PolicyCell, update_mode::UpdateMode,
+};
 use api::Api;
 
 /// A group is generated again at most this often (weight updates in

@@ -32,9 +32,9 @@ use super::{
 };
 use crate::{
     backoff::Backoff,
-    config::UpdateMode,
     metrics as names,
     subscription::{PolicyCell, Versioned},
+    update_mode::UpdateMode,
 };
 
 /// What the loader needs besides the channels.

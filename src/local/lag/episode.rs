@@ -389,7 +389,7 @@ mod tests {
     use bapo_tasks::TaskSpec;
 
     use super::*;
-    use crate::commands::common;
+    use crate::common;
     use crate::local::lag::arms;
 
     /// A fresh tiny model saved as the warm start, level-1 arithmetic,

@@ -34,10 +34,7 @@ use self::{
     finished::Finished,
     probe::EntropyProbe,
 };
-use crate::{
-    commands::{common, sft},
-    config_file::ConfigFile,
-};
+use crate::{common, config_file::ConfigFile, warm_start as sft};
 
 /// Which staleness the arms vary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use self::cells::{Row, summarise};
 use bapo_learner::record::{Metric, StepRecord};
 
 use super::{options::RunOptions, report::read_metrics, run};
-use crate::{commands::sft, config_file::ConfigFile};
+use crate::{config_file::ConfigFile, warm_start as sft};
 
 /// What to compare, and where the results go.
 #[derive(Debug, Clone)]

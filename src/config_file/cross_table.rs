@@ -12,7 +12,7 @@
 
 use anyhow::bail;
 
-use crate::config_file::ConfigFile;
+use super::ConfigFile;
 
 /// The value at `path` in the file as written, if it is there.
 fn stated<'a>(file: &'a toml::Table, path: &[&str]) -> Option<&'a toml::Value> {
