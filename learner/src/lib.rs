@@ -1,5 +1,7 @@
 //! The bapo learner: advantages, the BAPO loss and the baselines it is
-//! compared with, the training step, checkpoints and the weight broadcast.
+//! compared with, SPEAR's and ReMix's replay memories ([`spear`],
+//! [`remix`]), the training step over all weights or LoRA adapters,
+//! checkpoints and the weight broadcast.
 //!
 //! Every policy loss is written once, in f64, as a function of the per-token
 //! log-probs: it returns the loss and its exact gradient with respect to
