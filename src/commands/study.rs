@@ -1,14 +1,14 @@
 //! `bapo study`: the same budget under several losses and staleness bounds,
 //! from one shared warm start, compared in one report (see
 //! `crate::local::study`); with `--lag K` or `--reuse E`, a
-//! controlled-staleness experiment instead (`crate::local::lag`).
+//! controlled-staleness experiment instead (`crate::local::controlled`).
 
 use std::path::PathBuf;
 
 use clap::Args;
 
 use crate::local::{
-    lag::{self, Design, LagStudy},
+    controlled::{self, Design, LagStudy},
     study::{self, Study},
 };
 
@@ -138,7 +138,7 @@ pub async fn run(args: StudyArgs) -> anyhow::Result<()> {
             ni_margin: args.ni_margin,
             gate_only: args.gate_only,
         };
-        return tokio::task::spawn_blocking(move || lag::run(&study)).await?;
+        return tokio::task::spawn_blocking(move || controlled::run(&study)).await?;
     }
     let study = Study {
         config: args.config,

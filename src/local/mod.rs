@@ -7,7 +7,7 @@
 //! `report`; `study` uses `run`. `summary` is a leaf; `report` reads it.
 //! `bench soak` (a feature) starts the services through `supervise` too.
 
-pub mod lag;
+pub mod controlled;
 pub mod options;
 pub mod report;
 pub mod run;

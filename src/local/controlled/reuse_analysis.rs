@@ -355,7 +355,7 @@ fn reuse_vs_fresh(arms: &[Arm], runs: &[ArmRun]) -> Vec<(u64, Option<Paired>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::lag::{arms::reuse, episode::synthetic_run};
+    use crate::local::controlled::{arms::reuse, episode::synthetic_run};
 
     /// A run whose entropy goes from 1.0 to `end`, validation accuracy
     /// from 0.3 to `val`, test accuracy `acc`.

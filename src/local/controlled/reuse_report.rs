@@ -264,7 +264,7 @@ fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::lag::{arms::reuse, episode::synthetic_run, reuse_analysis::analyse};
+    use crate::local::controlled::{arms::reuse, episode::synthetic_run, reuse_analysis::analyse};
 
     /// Three seeds of the dose arms and BAPO: entropy falling with E and
     /// the search engaged on half of f's updates, or neither.

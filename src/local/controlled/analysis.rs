@@ -310,7 +310,7 @@ fn hypotheses<'a>(get: &dyn Fn(&str) -> Option<&'a ArmSummary>) -> Vec<Verdict> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::lag::{arms::standard, episode::synthetic_run};
+    use crate::local::controlled::{arms::standard, episode::synthetic_run};
 
     /// A run whose entropy goes from 1.0 to `end`, with test (and
     /// validation) accuracy `acc`.

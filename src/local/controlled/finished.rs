@@ -264,7 +264,7 @@ pub fn read_text(path: &Path) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::lag::episode::{Probe, StepRow};
+    use crate::local::controlled::episode::{Probe, StepRow};
 
     fn run() -> ArmRun {
         ArmRun {

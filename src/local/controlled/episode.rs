@@ -390,7 +390,7 @@ mod tests {
 
     use super::*;
     use crate::common;
-    use crate::local::lag::arms;
+    use crate::local::controlled::arms;
 
     /// A fresh tiny model saved as the warm start, level-1 arithmetic,
     /// two groups of four per step.
