@@ -15,9 +15,8 @@ use std::{
 
 use anyhow::{Context, bail};
 use bapo_buffer::{Buffer, BufferConfig};
-use bapo_proto::packed::pack_u32;
 use bapo_proto::v1::{
-    self, SampleRequest, StatsRequest, VersionReport, batch_source_client::BatchSourceClient,
+    SampleRequest, StatsRequest, VersionReport, batch_source_client::BatchSourceClient,
     rollout_sink_client::RolloutSinkClient,
 };
 use clap::Args;
@@ -74,26 +73,8 @@ impl BufferBenchArgs {
     }
 }
 
-fn group_messages(p: &Payload, group: &str, k: u32, version: u64) -> Vec<v1::Rollout> {
-    let versions = pack_u32(&vec![version as u32; p.tokens.len()]);
-    (0..k)
-        .map(|i| v1::Rollout {
-            rollout_id: format!("{group}-{i}"),
-            group_id: group.to_string(),
-            prompt_tokens: p.packed[0].clone(),
-            response_tokens: p.packed[1].clone(),
-            behavior_logprobs: p.packed[2].clone(),
-            token_versions: versions.clone(),
-            reward: (i % 2) as f32,
-            finish_reason: v1::FinishReason::Stop as i32,
-            actor_id: "bench".into(),
-            task: "bench".into(),
-            ..Default::default()
-        })
-        .collect()
-}
-
-async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
+/// One HTTP/2 connection with the windows bapo's clients use.
+pub(super) async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
     Ok(Channel::from_shared(format!("http://{addr}"))?
         .tcp_nodelay(true)
         .initial_stream_window_size(bapo_proto::transport::STREAM_WINDOW)
@@ -142,12 +123,7 @@ async fn pusher(plan: PushPlan, id: usize) -> anyhow::Result<(u64, Latencies)> {
         if let Some(t) = &mut ticker {
             t.tick().await;
         }
-        let msgs = group_messages(
-            &payload,
-            &format!("{phase}-p{id}-g{g}"),
-            k,
-            version.load(Relaxed),
-        );
+        let msgs = payload.group(&format!("{phase}-p{id}-g{g}"), k, version.load(Relaxed), 0);
         let t0 = Instant::now();
         let ack = client.push(tokio_stream::iter(msgs)).await?.into_inner();
         lat.record(t0.elapsed());
@@ -160,7 +136,7 @@ async fn pusher(plan: PushPlan, id: usize) -> anyhow::Result<(u64, Latencies)> {
     Ok((sent, lat))
 }
 
-async fn batch_client(addr: SocketAddr) -> anyhow::Result<BatchSourceClient<Channel>> {
+pub(super) async fn batch_client(addr: SocketAddr) -> anyhow::Result<BatchSourceClient<Channel>> {
     Ok(BatchSourceClient::new(connect(addr).await?).max_decoding_message_size(usize::MAX))
 }
 
@@ -268,7 +244,7 @@ pub async fn run(args: BufferBenchArgs) -> anyhow::Result<()> {
     let (addr, stop_tx, server) = start_buffer(&args).await?;
 
     let sample = Payload::new(args.tokens, 0);
-    let wire = group_messages(&sample, "x", 1, 0)[0].encoded_len();
+    let wire = sample.group("x", 1, 0, 0)[0].encoded_len();
     println!(
         "bapo bench buffer: {} pushers, {}-token rollouts ({:.1} KiB raw payload, {:.1} KiB on the wire), groups of {}, learner sampling {} groups per batch, {} s per phase, {} cores",
         args.pushers,
@@ -453,7 +429,7 @@ async fn held_bytes_per_payload_byte(
     let groups = 32;
     let version = before.learner_version;
     for g in 0..groups {
-        let msgs = group_messages(sample, &format!("held-g{g}"), args.group_size, version);
+        let msgs = sample.group(&format!("held-g{g}"), args.group_size, version, 0);
         client
             .push(tokio_stream::iter(msgs))
             .await

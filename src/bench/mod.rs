@@ -4,8 +4,11 @@
 //! the production binary): `cargo run --features bench -- bench ...`.
 //!
 //! Imports go one way: `buffer` uses `redis_streams`, both use `workload`
-//! and `latency`; `soak` uses the local run's supervisor.
+//! and `latency`; `soak` uses the local run's supervisor; `actors` uses
+//! `buffer`'s connections, `workload`, `latency` and `soak`'s memory
+//! readings.
 
+pub mod actors;
 pub mod broadcast;
 pub mod buffer;
 pub mod episodes;
@@ -22,6 +25,10 @@ use clap::Subcommand;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
+    /// Many simulated actors (leases, renewals, pushes) against one buffer
+    /// process for minutes: ack latency beside one actor alone, the
+    /// buffer's memory over time, and the books (nothing lost).
+    Actors(actors::ActorsBenchArgs),
     /// The buffer service over loopback gRPC, beside Redis Streams.
     Buffer(buffer::BufferBenchArgs),
     /// One weight update from publish to every subscriber loaded, over
@@ -49,6 +56,7 @@ pub enum BenchCommand {
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::Actors(args) => actors::run(args).await,
         BenchCommand::Broadcast(args) => broadcast::run(args).await,
         BenchCommand::Buffer(args) => buffer::run(args).await,
         BenchCommand::Episodes(args) => {

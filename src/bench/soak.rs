@@ -81,7 +81,7 @@ struct Sample {
     stats: Option<Stats>,
 }
 
-fn rss_mib(pid: u32) -> Option<f64> {
+pub(super) fn rss_mib(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -201,7 +201,7 @@ fn slope_per_min(points: &[(f64, f64)]) -> (f64, f64) {
 
 /// A series' figures over the measured window: start, end, peak, and the
 /// slope of its second half with its standard error.
-fn figures(points: &[(f64, f64)]) -> Option<(f64, f64, f64, (f64, f64))> {
+pub(super) fn figures(points: &[(f64, f64)]) -> Option<(f64, f64, f64, (f64, f64))> {
     let first = points.first()?.1;
     let last = points.last()?.1;
     let peak = points.iter().map(|p| p.1).fold(f64::MIN, f64::max);

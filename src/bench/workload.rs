@@ -1,8 +1,12 @@
 //! What both sides of `bapo bench buffer` move and measure: the shape of a
-//! phase, the synthetic rollout payload, and a phase's result. Imported by
-//! the bapo side (`buffer`) and the Redis side (`redis_streams`) alike.
+//! phase, the synthetic rollout payload (and a group of it as wire
+//! rollouts), and a phase's result. Imported by the bapo side (`buffer`,
+//! `actors`) and the Redis side (`redis_streams`) alike.
 
-use bapo_proto::packed::{pack_f32, pack_u32};
+use bapo_proto::{
+    packed::{pack_f32, pack_u32},
+    v1,
+};
 use bytes::Bytes;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
@@ -53,6 +57,28 @@ impl Payload {
 
     /// Token ids, log-probs and versions at 4 bytes each: the payload both
     /// sides move.
+    /// `k` rollouts of group `group`, every token of learner `version`
+    /// of `incarnation` (0: not recorded), rewards alternating 0 and 1.
+    pub fn group(&self, group: &str, k: u32, version: u64, incarnation: u64) -> Vec<v1::Rollout> {
+        let versions = pack_u32(&vec![version as u32; self.tokens.len()]);
+        (0..k)
+            .map(|i| v1::Rollout {
+                rollout_id: format!("{group}-{i}"),
+                group_id: group.to_string(),
+                prompt_tokens: self.packed[0].clone(),
+                response_tokens: self.packed[1].clone(),
+                behavior_logprobs: self.packed[2].clone(),
+                token_versions: versions.clone(),
+                reward: (i % 2) as f32,
+                finish_reason: v1::FinishReason::Stop as i32,
+                actor_id: "bench".into(),
+                task: "bench".into(),
+                learner_incarnation: incarnation,
+                ..Default::default()
+            })
+            .collect()
+    }
+
     pub fn raw_bytes(&self) -> usize {
         self.tokens.len() * 12
     }
