@@ -50,6 +50,22 @@ impl Interceptor for Bearer {
     }
 }
 
+/// Why a call to a service of the user's failed, one name per gRPC status
+/// for every client (rewards and environments count failures by it), and
+/// whether calling again could help.
+pub fn failure(code: tonic::Code) -> (&'static str, bool) {
+    use tonic::Code;
+    match code {
+        Code::DeadlineExceeded | Code::Cancelled => ("timeout", true),
+        Code::Unavailable => ("unavailable", true),
+        Code::ResourceExhausted => ("capacity", true),
+        Code::NotFound => ("not_found", false),
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => ("refused", false),
+        Code::Unauthenticated | Code::PermissionDenied => ("unauthorized", false),
+        _ => ("error", true),
+    }
+}
+
 /// Where to connect: a tonic URL (`http://` or `https://`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -244,6 +260,24 @@ mod tests {
                 .to_string()
                 .contains("t.server_name")
         );
+    }
+
+    #[test]
+    fn every_status_has_one_failure_name() {
+        use tonic::Code;
+        for (code, want) in [
+            (Code::DeadlineExceeded, ("timeout", true)),
+            (Code::Unavailable, ("unavailable", true)),
+            (Code::ResourceExhausted, ("capacity", true)),
+            (Code::NotFound, ("not_found", false)),
+            (Code::InvalidArgument, ("refused", false)),
+            (Code::FailedPrecondition, ("refused", false)),
+            (Code::Unauthenticated, ("unauthorized", false)),
+            (Code::PermissionDenied, ("unauthorized", false)),
+            (Code::Internal, ("error", true)),
+        ] {
+            assert_eq!(failure(code), want, "{code:?}");
+        }
     }
 
     #[test]

@@ -122,7 +122,7 @@ pub fn describe() {
     );
     describe_counter!(
         REWARD_ERRORS,
-        "Failed scoring calls, by reason (timeout, unavailable, invalid_argument, error, \
+        "Failed scoring calls, by reason (timeout, unavailable, capacity, not_found, refused, unauthorized, error, \
          bad_range, bad_answer, not_finite, out_of_range); each is retried"
     );
     describe_counter!(

@@ -18,8 +18,6 @@ use bapo_proto::{
 };
 use std::time::Duration;
 
-use tonic::Code;
-
 use super::{
     EnvConfig, EnvError, EnvInfo, Environment, Message, Observation, ResetInput, Started,
     StepOutcome, Turn,
@@ -56,14 +54,7 @@ impl Remote {
     }
 
     fn failed(&self, what: &str, s: &tonic::Status) -> EnvError {
-        let (reason, retryable) = match s.code() {
-            Code::DeadlineExceeded | Code::Cancelled => ("timeout", true),
-            Code::Unavailable => ("unavailable", true),
-            Code::ResourceExhausted => ("capacity", true),
-            Code::NotFound => ("not_found", false),
-            Code::InvalidArgument | Code::FailedPrecondition => ("refused", false),
-            _ => ("error", true),
-        };
+        let (reason, retryable) = crate::grpc_endpoint::failure(s.code());
         EnvError::new(
             reason,
             format!("{what} at {}: {}: {}", self.url, s.code(), s.message()),

@@ -18,7 +18,6 @@ use bapo_proto::{
     },
 };
 use tokio::sync::Semaphore;
-use tonic::Code;
 
 use super::{BoxFuture, Group, RewardConfig, RewardError, Scored, Verifier};
 use crate::grpc_endpoint::{AuthedChannel, Target};
@@ -46,12 +45,9 @@ struct Declared {
 }
 
 fn status_error(what: &str, s: &tonic::Status, timeout: Duration) -> RewardError {
-    let reason = match s.code() {
-        Code::DeadlineExceeded | Code::Cancelled => "timeout",
-        Code::Unavailable => "unavailable",
-        Code::InvalidArgument => "invalid_argument",
-        _ => "error",
-    };
+    // Every failure is retried (`[reward] retries`); the name is the one
+    // environments use for the same status.
+    let (reason, _) = crate::grpc_endpoint::failure(s.code());
     let hint = if reason == "timeout" {
         format!(" (timeout {} ms)", timeout.as_millis())
     } else {
