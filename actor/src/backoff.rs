@@ -1,7 +1,8 @@
 //! Exponential backoff with full jitter, so that actors restarted together
-//! do not reconnect in lockstep.
+//! do not reconnect in lockstep; and the one retry loop the clients of a
+//! user's services (rewards, environments) share.
 
-use std::time::Duration;
+use std::{future::Future, time::Duration};
 
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 
@@ -34,6 +35,45 @@ impl Backoff {
 
     pub fn reset(&mut self) {
         self.attempt = 0;
+    }
+}
+
+/// The longest wait between two attempts of a call.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(10);
+
+/// How hard to try one call: up to `retries` more attempts after the
+/// first, waiting from `backoff` (doubled each time, capped at 10 s, with
+/// jitter) between them.
+#[derive(Debug, Clone, Copy)]
+pub struct Retry {
+    pub retries: u32,
+    pub backoff: Duration,
+}
+
+/// `call` until it succeeds, `failed` (which sees every failure, to count
+/// it) says the failure is final, or `retry.retries` further attempts
+/// fail; the last failure is returned.
+pub async fn retrying<T, E, F>(
+    retry: Retry,
+    mut call: impl FnMut() -> F,
+    mut failed: impl FnMut(&E) -> bool,
+) -> Result<T, E>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    let mut backoff = Backoff::new(retry.backoff, MAX_RETRY_DELAY);
+    let mut attempt = 0;
+    loop {
+        match call().await {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                if !failed(&e) || attempt >= retry.retries {
+                    return Err(e);
+                }
+                attempt += 1;
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        }
     }
 }
 

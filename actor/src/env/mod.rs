@@ -29,7 +29,7 @@ use metrics::counter;
 
 pub use config::{EnvConfig, EnvConfigError, EnvKind};
 
-use crate::{backoff::Backoff, metrics as names, reward::BoxFuture};
+use crate::{metrics as names, reward::BoxFuture};
 
 /// One chat message of an observation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,39 +173,26 @@ pub trait Environment: Send + Sync {
     }
 }
 
-/// How hard to try a call before the episode is given up.
-#[derive(Debug, Clone, Copy)]
-pub struct Retry {
-    pub retries: u32,
-    pub backoff: Duration,
-}
+pub use crate::backoff::Retry;
 
 /// `call` until it succeeds, fails for good, or `retry.retries` further
 /// attempts fail; each failure is counted by reason.
 pub async fn with_retries<T, F>(
     retry: Retry,
     what: &'static str,
-    mut call: impl FnMut() -> F,
+    call: impl FnMut() -> F,
 ) -> Result<T, EnvError>
 where
     F: std::future::Future<Output = Result<T, EnvError>>,
 {
-    let mut backoff = Backoff::new(retry.backoff, Duration::from_secs(10));
-    let mut attempt = 0;
-    loop {
-        match call().await {
-            Ok(v) => return Ok(v),
-            Err(e) => {
-                counter!(names::ENV_ERRORS, "call" => what, "reason" => e.reason).increment(1);
-                if !e.retryable || attempt >= retry.retries {
-                    return Err(e);
-                }
-                tracing::debug!("environment {what} failed ({e}); retrying");
-                attempt += 1;
-                tokio::time::sleep(backoff.next_delay()).await;
-            }
+    crate::backoff::retrying(retry, call, |e: &EnvError| {
+        counter!(names::ENV_ERRORS, "call" => what, "reason" => e.reason).increment(1);
+        if e.retryable {
+            tracing::debug!("environment {what} failed ({e}); retrying");
         }
-    }
+        e.retryable
+    })
+    .await
 }
 
 /// Everything a slot needs to run episodes, built once per actor.

@@ -25,7 +25,7 @@ use metrics::{counter, histogram};
 
 pub use config::{RewardConfig, RewardConfigError, Source};
 
-use crate::{backoff::Backoff, metrics as names};
+use crate::metrics as names;
 
 /// One completion to score.
 #[derive(Debug, Clone)]
@@ -122,12 +122,7 @@ impl Verifier for Builtin {
     }
 }
 
-/// How hard to try one group.
-#[derive(Debug, Clone, Copy)]
-pub struct Retry {
-    pub retries: u32,
-    pub backoff: Duration,
-}
+pub use crate::backoff::Retry;
 
 impl From<&RewardConfig> for Retry {
     fn from(c: &RewardConfig) -> Self {
@@ -146,28 +141,30 @@ pub async fn score_group(
     group: Group<'_>,
     retry: Retry,
 ) -> Result<Vec<Scored>, RewardError> {
-    let mut backoff = Backoff::new(retry.backoff, Duration::from_secs(10));
-    let mut attempt = 0;
-    loop {
+    let call = || async {
         let t0 = std::time::Instant::now();
         let result = verifier.score(group).await;
         histogram!(names::REWARD_SECONDS).record(t0.elapsed().as_secs_f64());
-        match result {
-            Ok(scores) => {
-                record_sub_scores(&scores);
-                return Ok(scores);
-            }
-            Err(e) => {
-                counter!(names::REWARD_ERRORS, "reason" => e.reason).increment(1);
-                if attempt >= retry.retries {
-                    counter!(names::REWARD_GROUPS_DROPPED, "reason" => e.reason).increment(1);
-                    tracing::warn!(problem = %group.problem.id, "{e}; group dropped after {} attempts", attempt + 1);
-                    return Err(e);
-                }
-                tracing::debug!(problem = %group.problem.id, "{e}; retrying");
-                attempt += 1;
-                tokio::time::sleep(backoff.next_delay()).await;
-            }
+        result
+    };
+    let failed = |e: &RewardError| {
+        counter!(names::REWARD_ERRORS, "reason" => e.reason).increment(1);
+        tracing::debug!(problem = %group.problem.id, "{e}");
+        true
+    };
+    match crate::backoff::retrying(retry, call, failed).await {
+        Ok(scores) => {
+            record_sub_scores(&scores);
+            Ok(scores)
+        }
+        Err(e) => {
+            counter!(names::REWARD_GROUPS_DROPPED, "reason" => e.reason).increment(1);
+            tracing::warn!(
+                problem = %group.problem.id,
+                "{e}; group dropped after {} attempts",
+                retry.retries + 1
+            );
+            Err(e)
         }
     }
 }
