@@ -15,6 +15,7 @@
 pub mod backoff;
 pub mod config;
 pub mod env;
+pub mod generator;
 pub mod grpc_endpoint;
 pub mod http;
 pub mod lease;

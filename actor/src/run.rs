@@ -42,7 +42,7 @@ use crate::{
     metrics as names,
     push::push_group,
     reward::{self, Retry, RewardConfig, Verifier, score_group},
-    rollout::{Origin, Outcome, Packing, completions, follow_cell, generate, pack},
+    rollout::{Origin, Packing, completions, pack},
     seed::fnv1a,
     stop::StopFlag,
     subscription::{self, PolicyCell, Versioned},
@@ -72,7 +72,7 @@ pub struct ActorOptions {
 /// What makes a slot's responses: bapo's Burn model, following the
 /// weights cell token by token, or a vLLM server (the cell then holds the
 /// weights it serves).
-use crate::env::slot::Engine as Generator;
+use crate::generator::{Generated, Generator};
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ActorSummary {
@@ -610,35 +610,18 @@ impl Slot {
 
     /// The group's responses from this slot's generator.
     fn generate(&mut self, start: Arc<Versioned>, prompt: &[u32], params: &SamplingParams) -> Made {
-        let engine = match &self.generator {
-            Generator::Burn => {
-                let k = self.cfg.group_size;
-                let (mode, abort) = (self.cfg.mode, self.abort.clone());
-                let updates = &mut follow_cell(&mut self.cell);
-                return match generate(start, updates, prompt, k, params, mode, &abort) {
-                    Outcome::Done {
-                        responses,
-                        incarnation,
-                    } => Made::Group(responses, incarnation),
-                    Outcome::Aborted => Made::Stop,
-                };
-            }
-            Generator::Vllm(engine) => engine.clone(),
+        let slot = crate::generator::Slot {
+            cell: &mut self.cell,
+            mode: self.cfg.mode,
+            abort: &self.abort,
+            abort_rx: &self.abort_rx,
+            handle: &self.handle,
         };
-        let mut abort = self.abort_rx.clone();
-        let made = self.handle.block_on(async {
-            tokio::select! {
-                r = engine.generate(prompt, self.cfg.group_size, params, &self.abort) => Some(r),
-                _ = abort.wait_for(|a| *a) => None,
-            }
-        });
-        match made {
-            None | Some(Ok(Outcome::Aborted)) => Made::Stop,
-            Some(Ok(Outcome::Done {
-                responses,
-                incarnation,
-            })) => Made::Group(responses, incarnation),
-            Some(Err(e)) => {
+        let k = self.cfg.group_size;
+        match self.generator.generate(slot, start, prompt, k, params) {
+            Generated::Done(responses, incarnation) => Made::Group(responses, incarnation),
+            Generated::Stopped => Made::Stop,
+            Generated::Failed(e) => {
                 self.engine_failed(e);
                 Made::Skip
             }

@@ -22,7 +22,7 @@ use bapo_actor::{
         EnvConfig, EnvKind, ResetInput,
         episode::{Episode, EpisodeEnd, Members},
         setup,
-        slot::{Engine, SlotModel},
+        slot::SlotModel,
     },
     subscription::Versioned,
     vllm::VllmConfig,
@@ -89,7 +89,7 @@ fn a_real_vllm_engine_plays_a_groups_episodes_in_turn_and_at_once() {
             let members = (0..K as u64)
                 .map(|member| {
                     let model = SlotModel {
-                        engine: Engine::Vllm(s.engine.clone()),
+                        engine: bapo_actor::generator::Generator::Vllm(s.engine.clone()),
                         cell: s.serving.clone(),
                         mode: UpdateMode::Partial,
                         params: SamplingParams {

@@ -9,22 +9,14 @@ use tokio::{runtime::Handle, sync::watch};
 
 use super::episode::{Model, TurnMade};
 use crate::{
-    rollout::{Outcome, follow_cell, generate},
+    generator::{Generated, Generator, Slot},
     subscription::PolicyCell,
     update_mode::UpdateMode,
-    vllm,
 };
-
-/// What makes a slot's turns.
-#[derive(Clone)]
-pub enum Engine {
-    Burn,
-    Vllm(Arc<vllm::Engine>),
-}
 
 /// One group member's turns.
 pub struct SlotModel {
-    pub engine: Engine,
+    pub engine: Generator,
     pub cell: PolicyCell,
     pub mode: UpdateMode,
     pub params: SamplingParams,
@@ -58,34 +50,19 @@ impl Model for SlotModel {
             return TurnMade::Skip("context_too_long");
         }
         let params = self.params(max_new.min(room), turn);
-        let engine = match &self.engine {
-            Engine::Burn => {
-                let (mode, abort) = (self.mode, self.abort.clone());
-                let updates = &mut follow_cell(&mut self.cell);
-                return match generate(start, updates, context, 1, &params, mode, &abort) {
-                    Outcome::Done {
-                        mut responses,
-                        incarnation,
-                    } => TurnMade::Turn(responses.remove(0), incarnation),
-                    Outcome::Aborted => TurnMade::Stop,
-                };
-            }
-            Engine::Vllm(e) => e.clone(),
+        let slot = Slot {
+            cell: &mut self.cell,
+            mode: self.mode,
+            abort: &self.abort,
+            abort_rx: &self.abort_rx,
+            handle: &self.handle,
         };
-        let mut abort = self.abort_rx.clone();
-        let made = self.handle.block_on(async {
-            tokio::select! {
-                r = engine.generate(context, 1, &params, &self.abort) => Some(r),
-                _ = abort.wait_for(|a| *a) => None,
+        match self.engine.generate(slot, start, context, 1, &params) {
+            Generated::Done(mut responses, incarnation) => {
+                TurnMade::Turn(responses.remove(0), incarnation)
             }
-        });
-        match made {
-            None | Some(Ok(Outcome::Aborted)) => TurnMade::Stop,
-            Some(Ok(Outcome::Done {
-                mut responses,
-                incarnation,
-            })) => TurnMade::Turn(responses.remove(0), incarnation),
-            Some(Err(e)) => {
+            Generated::Stopped => TurnMade::Stop,
+            Generated::Failed(e) => {
                 // As a single-turn group: counted by cause, and while the
                 // server is down the slot waits before its next episode.
                 let reason = e.settle();
