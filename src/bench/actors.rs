@@ -21,7 +21,7 @@
 
 use std::{
     collections::HashSet,
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::Stdio,
     sync::{
@@ -40,6 +40,8 @@ use clap::Args;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use tokio::process::{Child, Command};
 use tonic::{Code, transport::Channel};
+
+use crate::local::supervise::{die_with_parent, free_addr};
 
 use super::{
     buffer::{batch_client, connect},
@@ -136,10 +138,6 @@ fn buffer_config(args: &ActorsBenchArgs) -> String {
     )
 }
 
-fn free_addr() -> anyhow::Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
 /// `bapo buffer` as a child process: a separate address space, so its RSS
 /// is the buffer's alone.
 struct BufferProcess {
@@ -169,6 +167,8 @@ impl BufferProcess {
             .stderr(log)
             .env("RUST_LOG", "warn")
             .kill_on_drop(true);
+        // A killed bench leaves no buffer behind on its port.
+        die_with_parent(&mut cmd);
         let mut child = cmd.spawn().context("starting `bapo buffer`")?;
         let pid = child.id().context("the buffer exited at once")?;
         wait_ready(&mut child, addr).await?;

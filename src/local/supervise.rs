@@ -87,7 +87,8 @@ pub struct Children {
     logs: PathBuf,
 }
 
-fn free_addr() -> anyhow::Result<SocketAddr> {
+/// A free loopback address for a child service.
+pub fn free_addr() -> anyhow::Result<SocketAddr> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
@@ -105,9 +106,19 @@ fn spawn(name: &str, args: &[String], logs: &Path) -> anyhow::Result<Proc> {
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
         )
         .kill_on_drop(true);
-    // kill_on_drop covers an orderly exit of this process, not a SIGKILL
-    // of it: then the kernel sends each child SIGTERM (a graceful stop, the
-    // buffer flushing its log) instead of leaving it orphaned on its port.
+    die_with_parent(&mut cmd);
+    let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
+    Ok(Proc {
+        name: name.to_string(),
+        child,
+    })
+}
+
+/// Makes the child end with this process. `kill_on_drop` covers an
+/// orderly exit of this process, not a SIGKILL of it: then the kernel
+/// sends the child SIGTERM (a graceful stop, the buffer flushing its log)
+/// instead of leaving it orphaned on its port.
+pub fn die_with_parent(cmd: &mut Command) {
     // SAFETY: prctl is async-signal-safe and touches only the child.
     unsafe {
         cmd.pre_exec(|| {
@@ -118,11 +129,6 @@ fn spawn(name: &str, args: &[String], logs: &Path) -> anyhow::Result<Proc> {
             }
         });
     }
-    let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
-    Ok(Proc {
-        name: name.to_string(),
-        child,
-    })
 }
 
 /// SIGTERM to all of `procs` at once, then SIGKILL to those still running
