@@ -122,6 +122,16 @@ impl Model for Script {
     }
 }
 
+/// The one problem these episodes play.
+fn problem() -> Problem {
+    Problem {
+        id: "p".into(),
+        prompt: "12*34=".into(),
+        answer: "408".into(),
+        solution: String::new(),
+    }
+}
+
 /// One scripted episode of `12*34=` against the server at `addr`.
 async fn episode(addr: &str, timeout_ms: u64, retries: u32) -> (EpisodeEnd, Duration) {
     let cfg = env_config(addr, timeout_ms, retries);
@@ -152,12 +162,7 @@ async fn episode(addr: &str, timeout_ms: u64, retries: u32) -> (EpisodeEnd, Dura
             },
             handle: &handle,
         };
-        let problem = Problem {
-            id: "p".into(),
-            prompt: "12*34=".into(),
-            answer: "408".into(),
-            solution: String::new(),
-        };
+        let problem = problem();
         let input = ResetInput {
             task: "arith-tool",
             problem: &problem,
@@ -210,12 +215,7 @@ async fn a_reset_abandoned_by_its_timeout_leaves_no_episode_open() {
     let cfg = env_config(&addr, 300, 0);
     let (url, tls) = cfg.validate().unwrap().unwrap();
     let env = Remote::new(&cfg, &url, tls).unwrap();
-    let problem = Problem {
-        id: "p".into(),
-        prompt: "12*34=".into(),
-        answer: "408".into(),
-        solution: String::new(),
-    };
+    let problem = problem();
     let input = ResetInput {
         task: "arith-tool",
         problem: &problem,

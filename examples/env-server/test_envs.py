@@ -37,6 +37,7 @@ from envs.expr import ExprError, evaluate  # noqa: E402
 from episodes import EpisodeError, Episodes  # noqa: E402
 
 import pki_for_tests  # noqa: E402  (../reward-server)
+from counting_str import CountingStr  # noqa: E402
 from verifiers.code import can_switch_user  # noqa: E402
 
 # Programs run as this process's own user where it cannot switch users.
@@ -83,18 +84,6 @@ class ExprTest(unittest.TestCase):
     def test_deep_nesting_is_bounded(self):
         self.assertEqual(evaluate("(" * 127 + "1" + ")" * 127), 1)
         self.assertEqual(evaluate("-" * 255 + "1"), -1)
-
-
-class CountingStr(str):
-    """A str whose find() counts the characters it looks at."""
-
-    looked = 0
-
-    def find(self, sub, start=0, end=None):
-        end = len(self) if end is None else end
-        at = str.find(self, sub, start, end)
-        CountingStr.looked += (at + len(sub) if at >= 0 else end) - start
-        return at
 
 
 class ToolCallTest(unittest.TestCase):

@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import pki_for_tests  # noqa: E402
+from counting_str import CountingStr  # noqa: E402
 from verifiers import Item, MalformedItem, Result, Verifier  # noqa: E402
 from verifiers.code import CodeVerifier, extract_program, fenced_blocks, python_block  # noqa: E402
 from verifiers.math import (  # noqa: E402
@@ -128,18 +129,6 @@ _SAME_USER = not _can_switch_users()
 # What the fence expression was before fenced_blocks: the reference for
 # its blocks (quadratic: only on short texts here).
 OLD_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
-
-
-class CountingStr(str):
-    """A str whose find() counts the characters it looks at."""
-
-    looked = 0
-
-    def find(self, sub, start=0, end=None):
-        end = len(self) if end is None else end
-        at = str.find(self, sub, start, end)
-        CountingStr.looked += (at + len(sub) if at >= 0 else end) - start
-        return at
 
 
 class ExtractionTest(unittest.TestCase):

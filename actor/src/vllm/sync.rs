@@ -268,7 +268,6 @@ impl Loader {
             "vLLM serves weights {name} ({:.2} s)",
             t0.elapsed().as_secs_f64()
         );
-        weights_dir::prune(&self.weights_dir, |n| n == name);
         Ok(())
     }
 
@@ -389,19 +388,24 @@ mod tests {
         names
     }
 
+    /// A loader for an engine that never answers (no socket), without LoRA.
+    fn unanswered(dir: &Path) -> Loader {
+        Loader {
+            api: Api::unix(&dir.join("nobody.sock"), "bapo"),
+            weights_dir: dir.to_path_buf(),
+            mode: UpdateMode::Partial,
+            reload_timeout: Duration::from_secs(1),
+            lora_rank: 0,
+            lora: LoraState::default(),
+        }
+    }
+
     /// An engine that never answers: every load fails after its write.
     /// New versions keep arriving, and the directory keeps one copy.
     #[tokio::test]
     async fn failing_reloads_do_not_pile_up_copies() {
         let dir = tempfile::tempdir().unwrap();
-        let loader = Loader {
-            api: Api::unix(&dir.path().join("nobody.sock"), "bapo"),
-            weights_dir: dir.path().to_path_buf(),
-            mode: UpdateMode::Partial,
-            reload_timeout: Duration::from_secs(1),
-            lora_rank: 0,
-            lora: LoraState::default(),
-        };
+        let loader = unanswered(dir.path());
         for v in 1..=4 {
             assert!(loader.load_full(&version(v)).await.is_err());
             assert_eq!(versions_in(dir.path()), [label(1, v)], "after v{v}");
@@ -437,14 +441,7 @@ mod tests {
         check_lora(0, &version(1)).unwrap();
 
         let dir = tempfile::tempdir().unwrap();
-        let loader = Loader {
-            api: Api::unix(&dir.path().join("nobody.sock"), "bapo"),
-            weights_dir: dir.path().to_path_buf(),
-            mode: UpdateMode::Partial,
-            reload_timeout: Duration::from_secs(1),
-            lora_rank: 0,
-            lora: LoraState::default(),
-        };
+        let loader = unanswered(dir.path());
         let (_w_tx, weights) = watch::channel(Some(v));
         let (_up_tx, up) = watch::channel(true);
         let (ready, _) = watch::channel(None);
