@@ -44,20 +44,9 @@ OUT="${BAPO_E2E_OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
 start=$(date +%s)
 say() { printf 'e2e-vllm: %s\n' "$*" >&2; }
-# The processes below pid $1 (children, their children, ...).
-below() {
-  local kid
-  for kid in $(ps -o pid= --ppid "$1" 2>/dev/null); do echo "$kid"; below "$kid"; done
-}
-# The vLLM processes this script started, below pid $1: never a vLLM of
-# someone else's on the same machine.
-vllm_below() {
-  local p
-  for p in $(below "$1"); do
-    grep -qaE "${2:-vllm.entrypoints.openai.api_server|VLLM::}" "/proc/$p/cmdline" 2>/dev/null && echo "$p"
-  done
-  return 0
-}
+# below / vllm_below: the processes this script started, never another
+# vLLM on the machine (scripts/procs.sh, tested by scripts/test-procs.sh).
+source scripts/procs.sh
 
 bash scripts/vllm-env.sh >&2
 bash scripts/convert-smollm2.sh >&2
