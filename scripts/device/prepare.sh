@@ -15,17 +15,20 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/bapo/target}"
 for d in /.gpu/ /.gl/; do
     grep -qxF "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude
 done
-features=${BAPO_DEVICE_FEATURES:-bench,vulkan}
-cargo build --release --locked -p bapo --features "$features"
+# Two builds (learner-check.sh falls back to the second): SPIR-V shaders
+# (cooperative matrices), and wgpu's WGSL ones.
 mkdir -p .gpu
-strip -o .gpu/bapo "$CARGO_TARGET_DIR/release/bapo"
-xz -6 -T2 -f .gpu/bapo
+for v in spirv:bench,vulkan wgsl:bench,wgpu; do
+    cargo build --release --locked -p bapo --features "${v#*:}"
+    strip -o ".gpu/bapo-${v%%:*}" "$CARGO_TARGET_DIR/release/bapo"
+    xz -9e -T2 -f ".gpu/bapo-${v%%:*}"
+done
 if [ ! -e .gl/libvulkan1.deb ]; then
     mkdir -p .gl /tmp/amd64/partial
     o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
     apt-get $o update -qq
     (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
-    ln -sf "$(ls .gl/libvulkan1_*.deb | head -1)" .gl/libvulkan1.deb
+    ln -sf "$(basename "$(ls .gl/libvulkan1_*.deb | head -1)")" .gl/libvulkan1.deb
 fi
 du -sh .gpu .gl
 echo "prepared: run scripts/device/learner-check.sh on the device with carry [.gpu, .gl]"
