@@ -254,6 +254,41 @@ pub fn check(
     Err(msg)
 }
 
+/// Refuses a step with one tensor larger than the device's largest
+/// buffer (`max_buffer`, wgpu's limit; the CPU and CUDA have none): the
+/// f32 embedding (an untied head is the same size), or, under a token
+/// budget, a pass's f32 logits `[tokens, vocab]`. Why: wgpu cannot bind
+/// such a tensor however much memory is free, and fails mid-step
+/// (Qwen2.5-7B's embedding on an H200, docs/notes/2026-11-28-h200-learner.md).
+/// Without a budget a pass's size is unknown until it comes.
+pub fn check_buffers(
+    model: &ModelConfig,
+    cfg: &LearnerConfig,
+    max_buffer: u64,
+) -> Result<(), String> {
+    let (v, h) = (model.vocab_size as u64, model.hidden_size as u64);
+    let limit = format!(
+        "the largest buffer the device gives one tensor ({max_buffer} bytes, wgpu's limit on this adapter)"
+    );
+    let embedding = 4 * v * h;
+    if embedding > max_buffer {
+        return Err(format!(
+            "the f32 embedding ({v} × {h}) takes {embedding} bytes, more than {limit}: \
+             this model cannot train on wgpu; use a CUDA build"
+        ));
+    }
+    let tokens = cfg.micro_batch_tokens as u64;
+    if tokens > 0 && 4 * v * tokens > max_buffer {
+        return Err(format!(
+            "a pass of {tokens} tokens (learner.micro_batch_tokens) has f32 logits of {} bytes \
+             ({tokens} × {v}), more than {limit}; set learner.micro_batch_tokens to at most {}",
+            4 * v * tokens,
+            max_buffer / (4 * v)
+        ));
+    }
+    Ok(())
+}
+
 /// The memory of this machine (or of the cgroup it runs in, if lower),
 /// in bytes: the CPU device's capacity.
 pub fn host_memory() -> Option<u64> {
@@ -415,5 +450,34 @@ mod tests {
         assert!(gib(e.activations) > 1000.0, "{}", e.describe());
         assert!(check(&e, &cfg, 16 << 30, &m, p, a).is_ok());
         assert!(check(&e, &cfg, 4 << 30, &m, p, a).is_err());
+    }
+
+    #[test]
+    fn a_tensor_over_the_devices_largest_buffer_is_refused() {
+        // wgpu's limit on NVIDIA's Vulkan driver, as an H200 reported it.
+        let max = 2_147_483_644;
+        let mut seven_b = qwen_05b();
+        seven_b.hidden_size = 3584;
+        seven_b.vocab_size = 152_064;
+        let cfg = LearnerConfig::default();
+        let err = check_buffers(&seven_b, &cfg, max).unwrap_err();
+        assert!(
+            err.contains("152064 × 3584") && err.contains("2179989504"),
+            "{err}"
+        );
+        let m = qwen_05b();
+        assert!(check_buffers(&m, &cfg, max).is_ok());
+        let budget = LearnerConfig {
+            micro_batch_tokens: 4096,
+            ..Default::default()
+        };
+        let err = check_buffers(&m, &budget, max).unwrap_err();
+        let fits = max / (4 * m.vocab_size as u64);
+        assert!(err.contains(&format!("at most {fits}")), "{err}");
+        let at_fits = LearnerConfig {
+            micro_batch_tokens: fits as usize,
+            ..Default::default()
+        };
+        assert!(check_buffers(&m, &at_fits, max).is_ok());
     }
 }

@@ -277,7 +277,7 @@ fn check_memory(cfg: &LearnerConfig, policy: &Policy) -> Result<(), TrainError> 
     let attention = memory::Attention::on(&device, precision);
     let est = memory::estimate(&policy.config, cfg, precision, attention);
     let capacity = match cfg.device_memory_gib {
-        0.0 => bapo_policy::kernels::on_cpu(device)
+        0.0 => bapo_policy::kernels::on_cpu(device.clone())
             .then(memory::host_memory)
             .flatten(),
         gib => Some(memory::bytes(gib)),
@@ -287,6 +287,9 @@ fn check_memory(cfg: &LearnerConfig, policy: &Policy) -> Result<(), TrainError> 
         "memory of a training step, estimated: {}",
         est.describe()
     );
+    if let Some(max) = bapo_policy::device::max_buffer_bytes(&device) {
+        memory::check_buffers(&policy.config, cfg, max).map_err(TrainError::Memory)?;
+    }
     match capacity {
         Some(c) => memory::check(&est, cfg, c, &policy.config, precision, attention)
             .map_err(TrainError::Memory),

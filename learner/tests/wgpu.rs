@@ -165,3 +165,29 @@ fn checkpointed_budgeted_steps_on_wgpu_match_and_report_device_memory() {
         assert!(used > 0.0 && reserved >= used, "{used} of {reserved} GiB");
     }
 }
+
+/// A pass whose f32 logits would be one buffer larger than wgpu's largest
+/// is refused when the trainer starts, by name and with the budget that
+/// fits; on the CPU there is no such limit.
+#[test]
+fn a_pass_over_wgpus_largest_buffer_is_refused_at_start() {
+    use bapo_policy::device::max_buffer_bytes;
+    assert_eq!(max_buffer_bytes(&Device::flex()), None);
+    let Some(gpu) = wgpu_for_test("buffer limit on wgpu") else {
+        return;
+    };
+    let max = max_buffer_bytes(&gpu).expect("wgpu names its largest buffer");
+    let policy = moved(&tiny_policy(13), &gpu);
+    let vocab = policy.config.vocab_size as u64;
+    let mut cfg = config("bapo");
+    cfg.micro_batch_tokens = (max / (4 * vocab) + 1) as usize;
+    let err = Trainer::new(cfg, policy, 0)
+        .err()
+        .expect("refused")
+        .to_string();
+    let fits = max / (4 * vocab);
+    assert!(
+        err.contains("learner.micro_batch_tokens") && err.contains(&format!("at most {fits}")),
+        "{err}"
+    );
+}

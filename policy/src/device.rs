@@ -182,19 +182,35 @@ pub fn wgpu_for_test_in(test: &str, precision: Precision) -> Option<Device> {
     }
 }
 
+/// The wgpu device, its adapter's name and its largest buffer, made once
+/// per process.
+static WGPU: std::sync::OnceLock<Result<(Device, String, u64), DeviceError>> =
+    std::sync::OnceLock::new();
+
 /// The wgpu device and a line naming its adapter, started once per
 /// process: here, not at the first tensor, so a machine without a usable
 /// adapter is refused at start with wgpu's reason instead of a panic
 /// mid-run. `WGPU_BACKEND` (wgpu's own variable) pins the graphics API.
 #[cfg(feature = "wgpu")]
 fn wgpu_device() -> Result<(Device, String), DeviceError> {
-    static DEVICE: std::sync::OnceLock<Result<(Device, String), DeviceError>> =
-        std::sync::OnceLock::new();
-    DEVICE.get_or_init(start_wgpu).clone()
+    let (device, adapter, _) = WGPU.get_or_init(start_wgpu).clone()?;
+    Ok((device, adapter))
+}
+
+/// The largest buffer one tensor may have on `device`: on wgpu, the
+/// adapter's limit (its storage binding and buffer sizes, the lower:
+/// 2 GiB − 4 bytes on NVIDIA's Vulkan driver); `None` elsewhere (the CPU
+/// and CUDA allocate whatever memory holds).
+pub fn max_buffer_bytes(device: &Device) -> Option<u64> {
+    let plain = device.clone().without_autodiff();
+    match WGPU.get()? {
+        Ok((wgpu, _, max)) if *wgpu == plain => Some(*max),
+        _ => None,
+    }
 }
 
 #[cfg(feature = "wgpu")]
-fn start_wgpu() -> Result<(Device, String), DeviceError> {
+fn start_wgpu() -> Result<(Device, String, u64), DeviceError> {
     let api = graphics_api(std::env::var("WGPU_BACKEND").ok().as_deref())?;
     let (device, setup) = Device::wgpu_options()
         .graphics_api(api)
@@ -211,7 +227,11 @@ fn start_wgpu() -> Result<(Device, String), DeviceError> {
         setup.backend,
         driver.join(" ")
     );
-    Ok((device, adapter))
+    let limits = setup.adapter.limits();
+    let max_buffer = limits
+        .max_storage_buffer_binding_size
+        .min(limits.max_buffer_size);
+    Ok((device, adapter, max_buffer))
 }
 
 /// The graphics API `WGPU_BACKEND` names (as wgpu spells them), or wgpu's

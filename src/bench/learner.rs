@@ -222,7 +222,15 @@ fn phase(
     };
     let device = device(a, precision)?;
     let attention = memory::Attention::on(&device, precision);
-    let estimate = match admit(a, config, &cfg, (precision, attention)) {
+    let fits_buffers = bapo_policy::device::max_buffer_bytes(&device).map_or(Ok(()), |max| {
+        let bounded = LearnerConfig {
+            micro_batch_tokens: a.micro_batch_seqs * (a.prompt + a.response),
+            ..cfg.clone()
+        };
+        memory::check_buffers(config, &bounded, max)
+    });
+    let estimate = match fits_buffers.and_then(|()| admit(a, config, &cfg, (precision, attention)))
+    {
         Ok(e) => e,
         Err(refusal) => {
             println!("refused by the estimate: {refusal}");
