@@ -18,6 +18,7 @@ pub mod kernels;
 pub mod logprob;
 pub mod lora;
 pub mod model;
+pub mod packing;
 pub mod peft;
 pub mod policy;
 pub mod rope;

@@ -20,11 +20,31 @@ use crate::{
     config::ModelConfig,
     device::Precision,
     kernels,
+    packing::Segments,
     rope::Rope,
 };
 
 /// A layer's adapters and how to apply them, when the model has any.
 type LayerLora<'a> = Option<(&'a Adapters, &'a LayerAdapters)>;
+
+/// Where a pass's tokens sit: the rotary tables, and either the absolute
+/// position of the first token (after a cache) or the packed sequences of
+/// each row (`packing.rs`), whose positions restart per sequence.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    rope: &'a Rope,
+    start: usize,
+    segments: Option<&'a Segments>,
+}
+
+impl At<'_> {
+    fn rotate(&self, x: Tensor<4>) -> Tensor<4> {
+        match self.segments {
+            Some(s) => self.rope.apply_segments(x, s),
+            None => self.rope.apply(x, self.start),
+        }
+    }
+}
 
 /// HF's `initializer_range` default.
 const INIT_STD: f64 = 0.02;
@@ -66,13 +86,12 @@ impl Attention {
     }
 
     /// `x`: `[batch·seq, hidden]`, the rows of `batch` sequences of `seq`
-    /// tokens at absolute positions `start..start+seq`.
+    /// tokens placed by `at`.
     fn forward(
         &self,
         x: Tensor<2>,
         (b, t): (usize, usize),
-        rope: &Rope,
-        start: usize,
+        at: At<'_>,
         cache: Option<(&mut KvCache, usize)>,
         lora: LayerLora<'_>,
     ) -> Tensor<2> {
@@ -81,16 +100,17 @@ impl Attention {
         // The fused kernels read the projections in their own
         // `[b, t, heads, hd]` layout: no transpose is materialised.
         let heads = |y: Tensor<2>, n: usize| y.reshape([b, t, n, hd]);
-        let q = rope.apply(heads(proj(&self.q_proj, Target::Q, x.clone()), nh), start);
-        let k = rope.apply(heads(proj(&self.k_proj, Target::K, x.clone()), nkv), start);
+        let q = at.rotate(heads(proj(&self.q_proj, Target::Q, x.clone()), nh));
+        let k = at.rotate(heads(proj(&self.k_proj, Target::K, x.clone()), nkv));
         let v = heads(proj(&self.v_proj, Target::V, x), nkv);
-        let out = match cache {
-            // Whole sequences (training, scoring).
-            None => kernels::causal_attention(q, k, v),
-            Some((c, layer)) => {
+        let out = match (cache, at.segments) {
+            (Some((c, layer)), _) => {
                 let (kc, vc) = c.append(layer, k, v);
-                kernels::cached_attention(q, kc, vc, start)
+                kernels::cached_attention(q, kc, vc, at.start)
             }
+            // Whole sequences (training, scoring), one or several a row.
+            (None, Some(s)) => kernels::segment_attention(q, k, v, s),
+            (None, None) => kernels::causal_attention(q, k, v),
         };
         proj(&self.o_proj, Target::O, out.reshape([b * t, nh * hd]))
     }
@@ -173,13 +193,12 @@ impl DecoderLayer {
         &self,
         x: Tensor<2>,
         (b, t): (usize, usize),
-        rope: &Rope,
-        start: usize,
+        at: At<'_>,
         cache: Option<(&mut KvCache, usize)>,
         lora: LayerLora<'_>,
     ) -> Tensor<2> {
         let h = norm(&self.input_layernorm, x.clone());
-        let x = x + self.self_attn.forward(h, (b, t), rope, start, cache, lora);
+        let x = x + self.self_attn.forward(h, (b, t), at, cache, lora);
         let h = self
             .mlp
             .forward(norm(&self.post_attention_layernorm, x.clone()), lora);
@@ -256,7 +275,21 @@ impl Transformer {
         cache: Option<&mut KvCache>,
     ) -> Tensor<3> {
         let [b, t] = tokens.dims();
-        let logits = self.head(self.hidden(tokens, rope, cache));
+        let logits = self.head(self.hidden(tokens, rope, cache, None));
+        let v = logits.dims()[1];
+        logits.reshape([b, t, v])
+    }
+
+    /// [`Transformer::forward`] of rows that each pack several whole
+    /// sequences (`segments`): every sequence's logits as if it were alone.
+    pub fn forward_packed(
+        &self,
+        tokens: Tensor<2, Int>,
+        rope: &Rope,
+        segments: &Segments,
+    ) -> Tensor<3> {
+        let [b, t] = tokens.dims();
+        let logits = self.head(self.hidden(tokens, rope, None, Some(segments)));
         let v = logits.dims()[1];
         logits.reshape([b, t, v])
     }
@@ -270,7 +303,7 @@ impl Transformer {
         cache: Option<&mut KvCache>,
     ) -> Tensor<2> {
         let [b, t] = tokens.dims();
-        let x = self.hidden(tokens, rope, cache);
+        let x = self.hidden(tokens, rope, cache, None);
         let h = x.dims()[1];
         let last = if t == 1 {
             x
@@ -286,9 +319,15 @@ impl Transformer {
         tokens: Tensor<2, Int>,
         rope: &Rope,
         mut cache: Option<&mut KvCache>,
+        segments: Option<&Segments>,
     ) -> Tensor<2> {
         let [b, t] = tokens.dims();
         let start = cache.as_ref().map_or(0, |c| c.len());
+        let at = At {
+            rope,
+            start,
+            segments,
+        };
         // The residual stream is kept as `[batch·seq, hidden]` rows: every
         // projection is then one 2-D matmul that packs its weight once. As
         // `[batch, seq, hidden]` Burn runs a batched matmul that re-packs
@@ -298,7 +337,7 @@ impl Transformer {
         for (i, layer) in self.layers.iter().enumerate() {
             let lora = self.lora.as_ref().map(|a| (a, &a.layers[i]));
             let cache = cache.as_deref_mut().map(|c| (c, i));
-            x = layer.forward(x, (b, t), rope, start, cache, lora);
+            x = layer.forward(x, (b, t), at, cache, lora);
         }
         if let Some(c) = cache {
             c.advance(t);
@@ -316,12 +355,25 @@ impl Transformer {
             .cast(self.compute.dtype())
     }
 
-    /// Layer `i` alone on the residual stream `x` of `batch` whole
-    /// sequences of `seq` tokens (no cache): what a pass that checkpoints
-    /// layers recomputes one at a time.
-    pub fn layer(&self, i: usize, x: Tensor<2>, (b, t): (usize, usize), rope: &Rope) -> Tensor<2> {
+    /// Layer `i` alone on the residual stream `x` of `batch` rows of
+    /// `seq` tokens (no cache), each row one sequence or the packed
+    /// `segments`: what a pass that checkpoints layers recomputes one at a
+    /// time.
+    pub fn layer(
+        &self,
+        i: usize,
+        x: Tensor<2>,
+        (b, t): (usize, usize),
+        rope: &Rope,
+        segments: Option<&Segments>,
+    ) -> Tensor<2> {
         let lora = self.lora.as_ref().map(|a| (a, &a.layers[i]));
-        self.layers[i].forward(x, (b, t), rope, 0, None, lora)
+        let at = At {
+            rope,
+            start: 0,
+            segments,
+        };
+        self.layers[i].forward(x, (b, t), at, None, lora)
     }
 
     /// Final norm and LM head: `[rows, hidden]` → `[rows, vocab]`, in f32

@@ -8,6 +8,8 @@
 
 use burn::prelude::*;
 
+use crate::packing::Segments;
+
 #[derive(Debug, Clone)]
 pub struct Rope {
     /// `[max_positions, head_dim]`.
@@ -55,6 +57,32 @@ impl Rope {
         let dt = x.dtype();
         let at = |table: Tensor<2>| table.reshape([1, t, 1, d]).cast(dt);
         Self::rotate(x, at(cos), at(sin), d)
+    }
+
+    /// Rotates `x` `[rows, width, heads, head_dim]` whose rows pack
+    /// several sequences: each token at its position within its sequence.
+    pub fn apply_segments(&self, x: Tensor<4>, segments: &Segments) -> Tensor<4> {
+        if segments.is_whole() {
+            return self.apply(x, 0);
+        }
+        let [b, t, _, d] = x.dims();
+        let positions = segments.positions();
+        let longest = positions.iter().copied().max().unwrap_or(0) as usize + 1;
+        assert!(
+            longest <= self.max_positions(),
+            "position {longest} beyond max_position_embeddings {}",
+            self.max_positions()
+        );
+        let at = Tensor::<1, Int>::from_data(TensorData::new(positions, [b * t]), &x.device());
+        let dt = x.dtype();
+        let gather = |table: &Tensor<2>| {
+            table
+                .clone()
+                .select(0, at.clone())
+                .reshape([b, t, 1, d])
+                .cast(dt)
+        };
+        Self::rotate(x, gather(&self.cos), gather(&self.sin), d)
     }
 
     fn tables(&self, start: usize, t: usize) -> (Tensor<2>, Tensor<2>) {

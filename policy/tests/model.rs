@@ -9,6 +9,7 @@ use bapo_policy::{
     burn::tensor::DType,
     cache::KvCache,
     device::{wgpu_for_test, wgpu_for_test_in},
+    packing::Segments,
     weights,
 };
 
@@ -230,6 +231,41 @@ fn gradients_flow_to_every_layer() {
     );
 }
 
+#[test]
+fn packed_sequences_get_the_logits_they_get_alone() {
+    packed_sequences_get_the_logits_they_get_alone_on(&Device::flex());
+}
+
+/// Three sequences packed into two rows (the second with padding after
+/// its sequence): every sequence's logits equal its own forward pass.
+fn packed_sequences_get_the_logits_they_get_alone_on(device: &Device) {
+    let policy = Policy::init(tiny(), device);
+    let seqs: [Vec<u32>; 3] = [
+        (1..=9).collect(),
+        vec![40, 41, 42, 43, 44],
+        (50..=61).collect(),
+    ];
+    let width = 14;
+    let mut rows = vec![seqs[0].clone(), seqs[2].clone()];
+    rows[0].extend(&seqs[1]);
+    rows.iter_mut().for_each(|r| r.resize(width, 0));
+    let segments = Segments::of_lengths(&[vec![9, 5], vec![12]], width);
+    let packed =
+        policy
+            .model
+            .forward_packed(Policy::tokens(&rows, device), &policy.rope, &segments);
+    for (seq, (row, col)) in seqs.iter().zip([(0, 0), (0, 9), (1, 0)]) {
+        let alone = policy.model.forward(
+            Policy::tokens(std::slice::from_ref(seq), device),
+            &policy.rope,
+            None,
+        );
+        let got = packed.clone().narrow(0, row, 1).narrow(1, col, seq.len());
+        let diff = max_abs_diff(got, alone);
+        assert!(diff < 1e-4, "sequence at row {row} column {col}: {diff}");
+    }
+}
+
 /// The cache, prefill, log-prob and weight-swap properties on wgpu: device
 /// buffers, `slice_assign` into the cache, the composed attention and
 /// log-prob ops instead of the CPU kernels, and host reads of logits.
@@ -243,6 +279,7 @@ fn the_generation_properties_hold_on_wgpu() {
     a_chunked_prefill_after_cached_positions_equals_one_pass_on(&device);
     learner_log_probs_equal_the_actors_behaviour_log_probs_on(&device);
     a_paused_generation_continues_with_new_weights_and_records_both_versions_on(&device);
+    packed_sequences_get_the_logits_they_get_alone_on(&device);
 }
 
 /// Every weight matrix of `model` with its name: what the gradient

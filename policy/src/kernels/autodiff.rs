@@ -18,6 +18,7 @@ use burn::backend::{
 };
 
 use super::PolicyKernels;
+use crate::packing::Segments;
 
 type Ad<B, C> = Autodiff<B, C>;
 
@@ -70,14 +71,14 @@ impl<B: Backend + PolicyKernels> Backward<B, 2> for SwigluBackward {
 struct AttentionBackward;
 
 impl<B: Backend + PolicyKernels> Backward<B, 3> for AttentionBackward {
-    /// q, k, v, the output and the rows' log-sum-exp.
-    type State = [FloatTensor<B>; 5];
+    /// q, k, v, the output, the rows' log-sum-exp, and the segments.
+    type State = ([FloatTensor<B>; 5], Segments);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_q, node_k, node_v] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let [q, k, v, out, lse] = ops.state;
-        let (dq, dk, dv) = B::causal_attention_backward(q, k, v, out, lse, grad);
+        let ([q, k, v, out, lse], segments) = ops.state;
+        let (dq, dk, dv) = B::causal_attention_backward(q, k, v, out, lse, grad, segments);
         for (node, g) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
             if let Some(node) = node {
                 grads.register::<B>(node.id, g);
@@ -173,6 +174,7 @@ impl<B: Backend + PolicyKernels, C: CheckpointStrategy> PolicyKernels for Ad<B, 
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        segments: Segments,
     ) -> FloatTensor<Self> {
         let prep = AttentionBackward
             .prepare::<C>([q.node(), k.node(), v.node()])
@@ -181,10 +183,11 @@ impl<B: Backend + PolicyKernels, C: CheckpointStrategy> PolicyKernels for Ad<B, 
         let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
         match prep {
             OpsKind::Tracked(prep) => {
-                let (out, lse) = B::causal_attention_forward(q.clone(), k.clone(), v.clone());
-                prep.finish([q, k, v, out.clone(), lse], out)
+                let (out, lse) =
+                    B::causal_attention_forward(q.clone(), k.clone(), v.clone(), segments.clone());
+                prep.finish(([q, k, v, out.clone(), lse], segments), out)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::causal_attention(q, k, v)),
+            OpsKind::UnTracked(prep) => prep.finish(B::causal_attention(q, k, v, segments)),
         }
     }
 
@@ -213,9 +216,14 @@ impl<B: Backend + PolicyKernels, C: CheckpointStrategy> PolicyKernels for Ad<B, 
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        segments: Segments,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (out, lse) =
-            B::causal_attention_forward(q.into_primitive(), k.into_primitive(), v.into_primitive());
+        let (out, lse) = B::causal_attention_forward(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            segments,
+        );
         (constant::<B, C>(out), constant::<B, C>(lse))
     }
 
@@ -226,6 +234,7 @@ impl<B: Backend + PolicyKernels, C: CheckpointStrategy> PolicyKernels for Ad<B, 
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        segments: Segments,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let (dq, dk, dv) = B::causal_attention_backward(
             q.into_primitive(),
@@ -234,6 +243,7 @@ impl<B: Backend + PolicyKernels, C: CheckpointStrategy> PolicyKernels for Ad<B, 
             out.into_primitive(),
             lse.into_primitive(),
             grad.into_primitive(),
+            segments,
         );
         (
             constant::<B, C>(dq),

@@ -17,6 +17,7 @@ use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::{PolicyKernels, fastmath};
+use crate::packing::Segments;
 
 /// Rows per rayon task in the row-wise kernels: enough work per task to
 /// amortise scheduling, enough tasks to keep every core busy.
@@ -388,6 +389,23 @@ impl AttentionShape {
     }
 }
 
+/// Segments must describe the `[b, t]` queries; packed rows (more than
+/// one segment) only in training, where keys and queries coincide.
+fn check_segments(segments: &Segments, sh: &AttentionShape, offset: usize) {
+    assert!(
+        segments.rows() == sh.b && segments.width() == sh.t,
+        "causal_attention: segments of {} rows × {} for queries [{}, {}]",
+        segments.rows(),
+        segments.width(),
+        sh.b,
+        sh.t
+    );
+    assert!(
+        offset == 0 || segments.is_whole(),
+        "causal_attention: packed rows attend over whole sequences only (offset {offset})"
+    );
+}
+
 /// Query rows below this count attend by direct dot products: a `gemm`
 /// call per row costs more than the row's arithmetic (decode steps).
 const DIRECT_ROWS: usize = 4;
@@ -441,8 +459,10 @@ fn attention_forward(
     k: FlexTensor,
     v: FlexTensor,
     offset: usize,
+    segments: &Segments,
 ) -> (FlexTensor, FlexTensor) {
     let sh = AttentionShape::of(&q, &k, &v, offset);
+    check_segments(segments, &sh, offset);
     let (q, k, v) = (dense(q), dense(k), dense(v));
     let (qs, ks, vs) = (values(&q), values(&k), values(&v));
     let AttentionShape {
@@ -462,69 +482,73 @@ fn attention_forward(
     (0..b * kv).into_par_iter().for_each(|task| {
         let (bi, g) = (task / kv, task % kv);
         let mut s = vec![0.0f32; QUERY_BLOCK.min(t) * keys];
-        let kv_off = (bi * cap * kv + g) * d;
-        let k_mat = Mat {
-            ptr: ks[kv_off..].as_ptr(),
-            rs: kv_rs,
-            cs: 1,
-        };
-        let v_mat = Mat {
-            ptr: vs[kv_off..].as_ptr(),
-            rs: kv_rs,
-            cs: 1,
-        };
-        for head in g * rep..(g + 1) * rep {
-            let q_off = (bi * t * h + head) * d;
-            let lse_off = (bi * h + head) * t;
-            for r0 in (0..t).step_by(QUERY_BLOCK) {
-                let m = QUERY_BLOCK.min(t - r0);
-                let n = offset + r0 + m;
-                let row0 = q_off + r0 * h * d;
-                // SAFETY: the operands index inside q/k/v/out by
-                // construction of the offsets and strides above; `out` and
-                // `lse` rows of this head belong to this task alone.
-                unsafe {
-                    let lse_rows = std::slice::from_raw_parts_mut(lse_p.at(lse_off + r0), m);
-                    if m < DIRECT_ROWS {
-                        let span = (m - 1) * h * d + d;
-                        let out_rows = std::slice::from_raw_parts_mut(out_p.at(row0), span);
-                        attend_direct(
-                            &qs[row0..row0 + span],
-                            &ks[kv_off..],
-                            &vs[kv_off..],
-                            (m, d, h * d, kv * d),
-                            offset + r0,
+        // Each segment attends to itself alone, as a sequence of its own
+        // starting at column `s0` (one segment from 0: plain causal).
+        for (s0, len) in segments.of_row(bi) {
+            let kv_off = (bi * cap * kv + g) * d + s0 * kv * d;
+            let k_mat = Mat {
+                ptr: ks[kv_off..].as_ptr(),
+                rs: kv_rs,
+                cs: 1,
+            };
+            let v_mat = Mat {
+                ptr: vs[kv_off..].as_ptr(),
+                rs: kv_rs,
+                cs: 1,
+            };
+            for head in g * rep..(g + 1) * rep {
+                let q_off = (bi * t * h + head) * d + s0 * h * d;
+                let lse_off = (bi * h + head) * t + s0;
+                for r0 in (0..len).step_by(QUERY_BLOCK) {
+                    let m = QUERY_BLOCK.min(len - r0);
+                    let n = offset + r0 + m;
+                    let row0 = q_off + r0 * h * d;
+                    // SAFETY: the operands index inside q/k/v/out by
+                    // construction of the offsets and strides above; `out` and
+                    // `lse` rows of this head belong to this task alone.
+                    unsafe {
+                        let lse_rows = std::slice::from_raw_parts_mut(lse_p.at(lse_off + r0), m);
+                        if m < DIRECT_ROWS {
+                            let span = (m - 1) * h * d + d;
+                            let out_rows = std::slice::from_raw_parts_mut(out_p.at(row0), span);
+                            attend_direct(
+                                &qs[row0..row0 + span],
+                                &ks[kv_off..],
+                                &vs[kv_off..],
+                                (m, d, h * d, kv * d),
+                                offset + r0,
+                                scale,
+                                &mut s,
+                                out_rows,
+                                lse_rows,
+                            );
+                            continue;
+                        }
+                        let q_mat = Mat {
+                            ptr: qs[row0..].as_ptr(),
+                            rs: q_rs,
+                            cs: 1,
+                        };
+                        let s = &mut s[..m * n];
+                        mm(
+                            m,
+                            n,
+                            d,
+                            s.as_mut_ptr(),
+                            n as isize,
+                            false,
+                            q_mat,
+                            k_mat.t(),
                             scale,
-                            &mut s,
-                            out_rows,
-                            lse_rows,
                         );
-                        continue;
+                        causal_softmax_rows(s, n, offset + r0, lse_rows);
+                        let p = Mat {
+                            ptr: s.as_ptr(),
+                            rs: n as isize,
+                            cs: 1,
+                        };
+                        mm(m, d, n, out_p.at(row0), q_rs, false, p, v_mat, 1.0);
                     }
-                    let q_mat = Mat {
-                        ptr: qs[row0..].as_ptr(),
-                        rs: q_rs,
-                        cs: 1,
-                    };
-                    let s = &mut s[..m * n];
-                    mm(
-                        m,
-                        n,
-                        d,
-                        s.as_mut_ptr(),
-                        n as isize,
-                        false,
-                        q_mat,
-                        k_mat.t(),
-                        scale,
-                    );
-                    causal_softmax_rows(s, n, offset + r0, lse_rows);
-                    let p = Mat {
-                        ptr: s.as_ptr(),
-                        rs: n as isize,
-                        cs: 1,
-                    };
-                    mm(m, d, n, out_p.at(row0), q_rs, false, p, v_mat, 1.0);
                 }
             }
         }
@@ -540,8 +564,10 @@ fn attention_backward(
     out: FlexTensor,
     lse: FlexTensor,
     grad: FlexTensor,
+    segments: &Segments,
 ) -> (FlexTensor, FlexTensor, FlexTensor) {
     let sh = AttentionShape::of(&q, &k, &v, 0);
+    check_segments(segments, &sh, 0);
     let AttentionShape {
         b,
         t,
@@ -588,79 +614,88 @@ fn attention_backward(
         let mut s = vec![0.0f32; block * t];
         let mut dp = vec![0.0f32; block * t];
         let mut delta = vec![0.0f32; block];
-        let kv_off = (bi * t * kv + g) * d;
-        let k_mat = Mat {
-            ptr: ks[kv_off..].as_ptr(),
-            rs: kv_rs,
-            cs: 1,
-        };
-        let v_mat = Mat {
-            ptr: vs[kv_off..].as_ptr(),
-            rs: kv_rs,
-            cs: 1,
-        };
-        for head in g * rep..(g + 1) * rep {
-            let q_off = (bi * t * h + head) * d;
-            let lse_off = (bi * h + head) * t;
-            for r0 in (0..t).step_by(QUERY_BLOCK) {
-                let m = QUERY_BLOCK.min(t - r0);
-                let n = r0 + m;
-                let row0 = q_off + r0 * h * d;
-                let q_mat = Mat {
-                    ptr: qs[row0..].as_ptr(),
-                    rs: q_rs,
-                    cs: 1,
-                };
-                let do_mat = Mat {
-                    ptr: gs[row0..].as_ptr(),
-                    rs: q_rs,
-                    cs: 1,
-                };
-                for (i, dl) in delta[..m].iter_mut().enumerate() {
-                    let at = row0 + i * h * d;
-                    *dl = dot(&gs[at..at + d], &os[at..at + d]);
-                }
-                let (s, dp) = (&mut s[..m * n], &mut dp[..m * n]);
-                // SAFETY: as in the forward; dq rows of this head and the
-                // dk/dv rows of kv head `g` of batch `bi` belong to this task.
-                unsafe {
-                    mm(
-                        m,
-                        n,
-                        d,
-                        s.as_mut_ptr(),
-                        n as isize,
-                        false,
-                        q_mat,
-                        k_mat.t(),
-                        scale,
-                    );
-                    mm(
-                        m,
-                        n,
-                        d,
-                        dp.as_mut_ptr(),
-                        n as isize,
-                        false,
-                        do_mat,
-                        v_mat.t(),
-                        1.0,
-                    );
-                    attention_grad_rows(s, dp, n, r0, &ls[lse_off + r0..lse_off + n], &delta[..m]);
-                    let p = Mat {
-                        ptr: s.as_ptr(),
-                        rs: n as isize,
+        for (s0, len) in segments.of_row(bi) {
+            let kv_off = (bi * t * kv + g) * d + s0 * kv * d;
+            let k_mat = Mat {
+                ptr: ks[kv_off..].as_ptr(),
+                rs: kv_rs,
+                cs: 1,
+            };
+            let v_mat = Mat {
+                ptr: vs[kv_off..].as_ptr(),
+                rs: kv_rs,
+                cs: 1,
+            };
+            for head in g * rep..(g + 1) * rep {
+                let q_off = (bi * t * h + head) * d + s0 * h * d;
+                let lse_off = (bi * h + head) * t + s0;
+                for r0 in (0..len).step_by(QUERY_BLOCK) {
+                    let m = QUERY_BLOCK.min(len - r0);
+                    let n = r0 + m;
+                    let row0 = q_off + r0 * h * d;
+                    let q_mat = Mat {
+                        ptr: qs[row0..].as_ptr(),
+                        rs: q_rs,
                         cs: 1,
                     };
-                    let ds = Mat {
-                        ptr: dp.as_ptr(),
-                        rs: n as isize,
+                    let do_mat = Mat {
+                        ptr: gs[row0..].as_ptr(),
+                        rs: q_rs,
                         cs: 1,
                     };
-                    // dV[0..n] += Pᵀ dO ; dK[0..n] += scale · dSᵀ Q ; dQ = scale · dS K.
-                    mm(n, d, m, dv_p.at(kv_off), kv_rs, true, p.t(), do_mat, 1.0);
-                    mm(n, d, m, dk_p.at(kv_off), kv_rs, true, ds.t(), q_mat, scale);
-                    mm(m, d, n, dq_p.at(row0), q_rs, false, ds, k_mat, scale);
+                    for (i, dl) in delta[..m].iter_mut().enumerate() {
+                        let at = row0 + i * h * d;
+                        *dl = dot(&gs[at..at + d], &os[at..at + d]);
+                    }
+                    let (s, dp) = (&mut s[..m * n], &mut dp[..m * n]);
+                    // SAFETY: as in the forward; dq rows of this head and the
+                    // dk/dv rows of kv head `g` of batch `bi` belong to this task.
+                    unsafe {
+                        mm(
+                            m,
+                            n,
+                            d,
+                            s.as_mut_ptr(),
+                            n as isize,
+                            false,
+                            q_mat,
+                            k_mat.t(),
+                            scale,
+                        );
+                        mm(
+                            m,
+                            n,
+                            d,
+                            dp.as_mut_ptr(),
+                            n as isize,
+                            false,
+                            do_mat,
+                            v_mat.t(),
+                            1.0,
+                        );
+                        attention_grad_rows(
+                            s,
+                            dp,
+                            n,
+                            r0,
+                            &ls[lse_off + r0..lse_off + n],
+                            &delta[..m],
+                        );
+                        let p = Mat {
+                            ptr: s.as_ptr(),
+                            rs: n as isize,
+                            cs: 1,
+                        };
+                        let ds = Mat {
+                            ptr: dp.as_ptr(),
+                            rs: n as isize,
+                            cs: 1,
+                        };
+                        // dV[0..n] += Pᵀ dO ; dK[0..n] += scale · dSᵀ Q ; dQ = scale · dS K.
+                        mm(n, d, m, dv_p.at(kv_off), kv_rs, true, p.t(), do_mat, 1.0);
+                        mm(n, d, m, dk_p.at(kv_off), kv_rs, true, ds.t(), q_mat, scale);
+                        mm(m, d, n, dq_p.at(row0), q_rs, false, ds, k_mat, scale);
+                    }
                 }
             }
         }
@@ -967,8 +1002,13 @@ impl PolicyKernels for Flex {
         (make(dgate), make(dup))
     }
 
-    fn causal_attention(q: FlexTensor, k: FlexTensor, v: FlexTensor) -> FlexTensor {
-        attention_forward(q, k, v, 0).0
+    fn causal_attention(
+        q: FlexTensor,
+        k: FlexTensor,
+        v: FlexTensor,
+        segments: Segments,
+    ) -> FlexTensor {
+        attention_forward(q, k, v, 0, &segments).0
     }
 
     fn few_rows_matmul(x: FlexTensor, weight: FlexTensor) -> FlexTensor {
@@ -981,15 +1021,17 @@ impl PolicyKernels for Flex {
         v_cache: FlexTensor,
         offset: usize,
     ) -> FlexTensor {
-        attention_forward(q, k_cache, v_cache, offset).0
+        let [b, t, _, _] = dims::<4>(&q, "cached_attention q");
+        attention_forward(q, k_cache, v_cache, offset, &Segments::whole(b, t)).0
     }
 
     fn causal_attention_forward(
         q: FlexTensor,
         k: FlexTensor,
         v: FlexTensor,
+        segments: Segments,
     ) -> (FlexTensor, FlexTensor) {
-        attention_forward(q, k, v, 0)
+        attention_forward(q, k, v, 0, &segments)
     }
 
     fn causal_attention_backward(
@@ -999,8 +1041,9 @@ impl PolicyKernels for Flex {
         out: FlexTensor,
         lse: FlexTensor,
         grad: FlexTensor,
+        segments: Segments,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
-        attention_backward(q, k, v, out, lse, grad)
+        attention_backward(q, k, v, out, lse, grad, &segments)
     }
 
     fn next_token_stats(

@@ -31,6 +31,8 @@ use burn::{
     prelude::*,
 };
 
+use crate::packing::Segments;
+
 /// The fused operations, on backend primitives. The `*_forward` and
 /// `*_backward` methods are the raw kernels that the autodiff
 /// implementation calls; models use the functions of this module.
@@ -58,11 +60,13 @@ pub trait PolicyKernels: Backend {
     /// Causal self-attention with scale `1/sqrt(head_dim)`: `q`
     /// `[batch, seq, heads, head_dim]`, `k` and `v` `[batch, seq,
     /// kv_heads, head_dim]` (grouped-query: `heads` a multiple of
-    /// `kv_heads`); returns `[batch, seq, heads, head_dim]`.
+    /// `kv_heads`); returns `[batch, seq, heads, head_dim]`. Each row's
+    /// `segments` attend each to itself alone (`packing.rs`).
     fn causal_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        segments: Segments,
     ) -> FloatTensor<Self>;
     /// Causal attention of `q` `[batch, t, heads, head_dim]` at absolute
     /// positions `offset..offset+t` over the first `offset + t` positions
@@ -83,6 +87,7 @@ pub trait PolicyKernels: Backend {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        segments: Segments,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
     /// Gradients for `q`, `k` and `v` from the forward's output and
     /// log-sum-exp.
@@ -93,6 +98,7 @@ pub trait PolicyKernels: Backend {
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        segments: Segments,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
     /// `logits` `[batch, seq, vocab]` and `tokens` `[batch, seq]`: for
@@ -181,6 +187,18 @@ pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
 /// `[batch, seq, heads, head_dim]` layout; see
 /// [`PolicyKernels::causal_attention`].
 pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+    let [b, t, ..] = q.dims();
+    segment_attention(q, k, v, &Segments::whole(b, t))
+}
+
+/// [`causal_attention`] of rows that pack several sequences: each of a
+/// row's `segments` sees only itself.
+pub fn segment_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    segments: &Segments,
+) -> Tensor<4> {
     let [b, t, h, d] = q.dims();
     let [kb, kt, kvh, kd] = k.dims();
     assert_eq!(
@@ -194,13 +212,21 @@ pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
         q.dims(),
         k.dims()
     );
+    assert!(
+        segments.rows() == b && segments.width() == t,
+        "causal_attention: segments of {} rows × {} for q {:?}",
+        segments.rows(),
+        segments.width(),
+        q.dims()
+    );
     if !fused(&q) {
-        return reference::causal_attention(q, k, v);
+        return reference::segment_attention(q, k, v, segments);
     }
     Tensor::from_dispatch(<Dispatch as PolicyKernels>::causal_attention(
         q.into_dispatch(),
         k.into_dispatch(),
         v.into_dispatch(),
+        segments.clone(),
     ))
 }
 

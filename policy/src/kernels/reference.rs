@@ -12,6 +12,8 @@ use burn::{
     },
 };
 
+use crate::packing::Segments;
+
 pub fn rms_norm(x: Tensor<2>, gamma: Tensor<1>, eps: f64) -> Tensor<2> {
     let rms = (x.clone().square().mean_dim(1) + eps).sqrt();
     x / rms * gamma.unsqueeze()
@@ -35,18 +37,32 @@ pub fn repeat_kv(x: Tensor<4>, n_rep: usize) -> Tensor<4> {
 
 /// `q` `[b, t, heads, d]`, `k`/`v` `[b, t, kv_heads, d]` → `[b, t, heads, d]`.
 pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
-    let rep = q.dims()[2] / k.dims()[2];
+    let [b, t, ..] = q.dims();
+    segment_attention(q, k, v, &Segments::whole(b, t))
+}
+
+/// [`causal_attention`] where each row's `segments` see only themselves:
+/// a block-diagonal causal mask (plain causal, unmasked, for whole rows).
+pub fn segment_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    segments: &Segments,
+) -> Tensor<4> {
+    let h = q.dims()[2];
+    let rep = h / k.dims()[2];
     let heads_first = |x: Tensor<4>| x.swap_dims(1, 2);
+    let mask = (!segments.is_whole()).then(|| segments.mask(h, &q.device()));
     let out = attention(
         heads_first(q),
         repeat_kv(heads_first(k), rep),
         repeat_kv(heads_first(v), rep),
-        None,
+        mask.clone(),
         None,
         AttentionModuleOptions {
             scale: None,
             softcap: None,
-            is_causal: true,
+            is_causal: mask.is_none(),
         },
     );
     out.swap_dims(1, 2)
