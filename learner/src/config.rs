@@ -102,6 +102,12 @@ pub struct LearnerConfig {
     /// (see the trainer's `micro.rs`). Same loss and gradients either way.
     #[serde(skip_serializing_if = "is_zero")]
     pub micro_batch_tokens: usize,
+    /// Pack a pass's sequences side by side into one row of at most
+    /// `micro_batch_tokens` (attention block-diagonal, positions
+    /// restarting per sequence): no compute on padding. Needs
+    /// `micro_batch_tokens`. Same loss and gradients.
+    #[serde(skip_serializing_if = "is_false")]
+    pub pack_sequences: bool,
     /// Keep only each layer's input through the forward pass and
     /// recompute the layers one at a time in the backward pass: activation
     /// memory of one layer instead of all, for about one more forward.
@@ -207,6 +213,7 @@ impl Default for LearnerConfig {
             batch_groups: 8,
             micro_batch_seqs: 64,
             micro_batch_tokens: 0,
+            pack_sequences: false,
             checkpoint_layers: false,
             device_memory_gib: 0.0,
             lr: 1e-6,
@@ -364,16 +371,7 @@ impl LearnerConfig {
             );
         }
         self.validate_combination()?;
-        if self.micro_batch_seqs == 0 {
-            return bad("micro_batch_seqs", "must be at least 1");
-        }
-        if self.checkpoint_layers && self.lora.as_ref().is_some_and(|l| l.dropout > 0.0) {
-            return bad(
-                "checkpoint_layers",
-                "cannot recompute layers with LoRA dropout (the recomputed pass would draw \
-                 other masks than the one kept): set lora.dropout = 0 or checkpoint_layers = false",
-            );
-        }
+        self.validate_passes()?;
         if !(self.device_memory_gib.is_finite() && self.device_memory_gib >= 0.0) {
             return bad(
                 "device_memory_gib",
@@ -395,6 +393,35 @@ impl LearnerConfig {
         self.broadcast_encoding()?;
         self.validate_lora()?;
         self.validate_algo_tables()
+    }
+
+    /// How a step is cut into forward/backward passes.
+    fn validate_passes(&self) -> Result<(), ConfigError> {
+        let bad = |field: &str, msg: &str| Err(ConfigError::new(field, msg));
+        if self.micro_batch_seqs == 0 {
+            return bad("micro_batch_seqs", "must be at least 1");
+        }
+        if self.checkpoint_layers && self.lora.as_ref().is_some_and(|l| l.dropout > 0.0) {
+            return bad(
+                "checkpoint_layers",
+                "cannot recompute layers with LoRA dropout (the recomputed pass would draw \
+                 other masks than the one kept): set lora.dropout = 0 or checkpoint_layers = false",
+            );
+        }
+        if self.pack_sequences && self.micro_batch_tokens == 0 {
+            return bad(
+                "pack_sequences",
+                "needs learner.micro_batch_tokens (the tokens a packed pass holds)",
+            );
+        }
+        if self.pack_sequences && self.search_scope == SearchScope::MicroBatch {
+            return bad(
+                "pack_sequences",
+                "cannot pack with search_scope = \"micro_batch\" (its micro-batches are runs of \
+                 consecutive sequences, the unit of the method): use search_scope = \"step\"",
+            );
+        }
+        Ok(())
     }
 
     /// `[learner.lora]` on its own; the rank against the model is checked

@@ -38,9 +38,11 @@ use crate::{
 
 mod host_loss;
 mod micro;
+mod pass;
 mod replay;
 
 use host_loss::HostLoss;
+use pass::Pass;
 pub use replay::AlgoState;
 use replay::RemixRun;
 
@@ -571,11 +573,11 @@ impl Trainer {
         let valid = self.model.valid();
         let rope = &self.rope_plain;
         let mut lp = vec![0.0; n_tokens];
-        for mb in self.micro_batches(rows, false) {
-            let tokens = self.tokens(&mb, &self.device.clone().inner());
-            let logits = valid.forward(tokens.clone(), rope, None);
+        for pass in self.passes(rows, false) {
+            let tokens = pass.tokens(&self.device.clone().inner());
+            let logits = pass.logits(&valid, tokens.clone(), rope);
             let host = to_host(next_token_logprobs(logits, tokens, self.cfg.temperature));
-            scatter_response(&mb, &host, &mut lp);
+            pass.scatter_response(&host, &mut lp);
         }
         lp.into_iter().map(|x| x.min(0.0)).collect()
     }
@@ -613,7 +615,7 @@ impl Trainer {
         // one loss over the step, from a no-grad pass first when there are
         // several micro-batches.
         let scoped = self.cfg.search_scope == SearchScope::MicroBatch;
-        let micro = self.micro_batches(rows, scoped);
+        let micro = self.passes(rows, scoped);
         let per_micro = scoped && micro.len() > 1;
         let denoms = Denominators {
             l_const: self.l_const() as f64,
@@ -636,17 +638,17 @@ impl Trainer {
             entropy: 0.0,
             kl: vec![0.0; kl_terms.len()],
         };
-        metrics.extend(pass_metrics(&micro));
+        metrics.extend(pass::metrics(&micro));
         let mut peak_mem = None;
         let mut accum = GradientsAccumulator::<Transformer>::new();
-        for rows in &micro {
-            let tokens = self.tokens(rows, &self.device);
-            let (logits, kept) = self.logits_for_backward(tokens.clone());
+        for pass in &micro {
+            let tokens = pass.tokens(&self.device);
+            let (logits, kept) = self.logits_for_backward(pass, tokens.clone());
             let (lp, entropy) =
                 next_token_logprobs_and_entropy(logits, tokens.clone(), self.cfg.temperature);
-            let grad = host.gradient(rows, &lp)?;
+            let grad = host.gradient(pass, &lp)?;
             let objective = self.objective(
-                rows,
+                pass,
                 (lp, entropy),
                 grad,
                 &token_weight,
@@ -660,7 +662,7 @@ impl Trainer {
                 None => {
                     accum.accumulate(&self.model, GradientsParams::from_grads(grads, &self.model))
                 }
-                Some(kept) => self.backward_layers(kept, grads, tokens, &mut accum),
+                Some(kept) => self.backward_layers(pass, kept, grads, tokens, &mut accum),
             }
         }
         let (loss_out, batch) = host.finish()?;
@@ -690,15 +692,25 @@ impl Trainer {
     /// each layer's input, and the graph starts at the last layer's output
     /// (the head's input); [`Trainer::backward_layers`] then recomputes
     /// the layers one at a time.
-    fn logits_for_backward(&self, tokens: Tensor<2, Int>) -> (Tensor<3>, Option<Checkpoints>) {
+    fn logits_for_backward(
+        &self,
+        pass: &Pass<'_>,
+        tokens: Tensor<2, Int>,
+    ) -> (Tensor<3>, Option<Checkpoints>) {
         if !self.cfg.checkpoint_layers {
-            return (self.model.forward(tokens, &self.rope, None), None);
+            return (pass.logits(&self.model, tokens, &self.rope), None);
         }
         let [b, t] = tokens.dims();
         let valid = self.model.valid();
         let mut inputs = vec![valid.embed(tokens.inner())];
         for i in 0..valid.layers.len() {
-            let x = valid.layer(i, inputs[i].clone(), (b, t), &self.rope_plain);
+            let x = valid.layer(
+                i,
+                inputs[i].clone(),
+                (b, t),
+                &self.rope_plain,
+                pass.segments(),
+            );
             inputs.push(x);
         }
         let top = inputs
@@ -716,6 +728,7 @@ impl Trainer {
     /// kept input with the gradient of its output, then the embedding's.
     fn backward_layers(
         &self,
+        pass: &Pass<'_>,
         kept: Checkpoints,
         grads: Gradients,
         tokens: Tensor<2, Int>,
@@ -729,7 +742,9 @@ impl Trainer {
         let [b, t] = tokens.dims();
         for (i, x) in kept.inputs.into_iter().enumerate().rev() {
             let x = x.autodiff().require_grad();
-            let out = self.model.layer(i, x.clone(), (b, t), &self.rope);
+            let out = self
+                .model
+                .layer(i, x.clone(), (b, t), &self.rope, pass.segments());
             let grads = out.mul(g).sum().backward();
             g = x.grad(&grads).expect("a layer's input is a tracked leaf");
             accum.accumulate(&self.model, GradientsParams::from_grads(grads, &self.model));
@@ -748,7 +763,7 @@ impl Trainer {
     /// entropy and KL sums are added to `sums`.
     fn objective(
         &self,
-        rows: &[Row],
+        pass: &Pass<'_>,
         (lp, entropy): (Tensor<2>, Tensor<2>),
         grad: &[f64],
         token_weight: &[f32],
@@ -757,7 +772,7 @@ impl Trainer {
     ) -> Tensor<1> {
         let [b, t] = lp.dims();
         let grid = |f: &dyn Fn(&Row, usize) -> f32| {
-            let g = response_grid(rows, [b, t], f);
+            let g = pass.response_grid(t, f);
             Tensor::<2>::from_data(TensorData::new(g, [b, t]), &self.device)
         };
         let coef = grid(&|row, j| grad[row.offset + j] as f32);
@@ -769,7 +784,7 @@ impl Trainer {
             objective = objective - weighted_entropy.mul_scalar(self.cfg.entropy_coef as f32);
         }
         for (i, (reference, coef, _)) in kl_terms.iter().enumerate() {
-            let k3 = self.k3_to(reference, rows, lp.clone(), mask.clone());
+            let k3 = self.k3_to(reference, pass, lp.clone(), mask.clone());
             sums.kl[i] += k3.clone().into_scalar::<f32>() as f64;
             objective = objective + k3.mul_scalar(*coef as f32);
         }
@@ -911,14 +926,14 @@ impl Trainer {
     fn k3_to(
         &self,
         reference: &Transformer,
-        rows: &[Row],
+        pass: &Pass<'_>,
         lp: Tensor<2>,
         mask: Tensor<2>,
     ) -> Tensor<1> {
         let [b, t] = lp.dims();
         let plain = self.device.clone().inner();
-        let tokens_ref = self.tokens(rows, &plain);
-        let logits = reference.forward(tokens_ref.clone(), &self.rope_plain, None);
+        let tokens_ref = pass.tokens(&plain);
+        let logits = pass.logits(reference, tokens_ref.clone(), &self.rope_plain);
         let ref_lp = to_host(next_token_logprobs(
             logits,
             tokens_ref,
@@ -937,37 +952,31 @@ impl Trainer {
     }
 
     /// `rows` cut into forward/backward passes by `micro_batch_seqs` and
-    /// `micro_batch_tokens` (`micro.rs`); `in_order` keeps the rows'
-    /// order (a micro-batch-scoped loss).
-    /// A pass of consecutive rows borrows them; only rows regrouped by
-    /// length are copied.
-    fn micro_batches<'r>(&self, rows: &'r [Row], in_order: bool) -> Vec<Cow<'r, [Row]>> {
+    /// `micro_batch_tokens` (`micro.rs`), packed several a line with
+    /// `pack_sequences`; `in_order` keeps the rows' order (a
+    /// micro-batch-scoped loss). A pass of consecutive rows borrows them;
+    /// only regrouped rows are copied.
+    fn passes<'r>(&self, rows: &'r [Row], in_order: bool) -> Vec<Pass<'r>> {
         let lens: Vec<usize> = rows.iter().map(|r| r.tokens.len()).collect();
         let limits = micro::Limits {
             seqs: self.cfg.micro_batch_seqs,
             tokens: self.cfg.micro_batch_tokens,
             in_order,
         };
+        if self.cfg.pack_sequences {
+            return micro::pack(&lens, limits)
+                .iter()
+                .map(|line| Pass::packed(rows, line))
+                .collect();
+        }
         micro::plan(&lens, limits)
             .into_iter()
             .map(|p| match (p.first(), p.last()) {
                 (Some(&a), Some(&b)) if b - a + 1 == p.len() => Cow::Borrowed(&rows[a..=b]),
                 _ => Cow::Owned(p.into_iter().map(|i| rows[i].clone()).collect()),
             })
+            .map(Pass::plain)
             .collect()
-    }
-
-    fn tokens(&self, rows: &[Row], device: &Device) -> Tensor<2, Int> {
-        let t = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(1);
-        let padded: Vec<Vec<u32>> = rows
-            .iter()
-            .map(|r| {
-                let mut v = r.tokens.clone();
-                v.resize(t, 0);
-                v
-            })
-            .collect();
-        Policy::tokens(&padded, device)
     }
 }
 
@@ -997,24 +1006,6 @@ fn token_batch(skel: &TokenBatch, lp: Vec<f64>) -> Result<TokenBatch, TrainError
     )?)
 }
 
-/// How a step's passes were cut: their count, and the share of the
-/// tokens they computed on that was padding.
-fn pass_metrics(passes: &[Cow<'_, [Row]>]) -> [(String, f64); 2] {
-    let (mut real, mut padded) = (0usize, 0usize);
-    for p in passes {
-        let longest = p.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
-        real += p.iter().map(|r| r.tokens.len()).sum::<usize>();
-        padded += p.len() * longest;
-    }
-    [
-        ("micro_batches".into(), passes.len() as f64),
-        (
-            "padding_fraction".into(),
-            1.0 - real as f64 / padded.max(1) as f64,
-        ),
-    ]
-}
-
 /// `groups` in `k` contiguous shares of whole groups, as even as can be
 /// (group-relative advantages need each group in one piece).
 fn split_groups(groups: &[TrainGroup], k: usize) -> Vec<&[TrainGroup]> {
@@ -1041,27 +1032,6 @@ fn to_host(t: Tensor<2>) -> Vec<f32> {
         .convert::<f32>()
         .try_into_vec::<f32>()
         .expect("log-probs are f32")
-}
-
-/// Copies each row's response positions out of a `[b, t]` grid.
-fn scatter_response(rows: &[Row], grid: &[f32], flat: &mut [f64]) {
-    let t = grid.len() / rows.len().max(1);
-    for (i, r) in rows.iter().enumerate() {
-        for j in 0..r.len {
-            flat[r.offset + j] = grid[i * t + r.start + j] as f64;
-        }
-    }
-}
-
-/// A `[b, t]` grid, `f(row, j)` at each row's response positions, 0 elsewhere.
-fn response_grid(rows: &[Row], [b, t]: [usize; 2], f: impl Fn(&Row, usize) -> f32) -> Vec<f32> {
-    let mut g = vec![0.0; b * t];
-    for (i, r) in rows.iter().enumerate() {
-        for j in 0..r.len {
-            g[i * t + r.start + j] = f(r, j);
-        }
-    }
-    g
 }
 
 /// `Σ_t (lp_θ − lp_behav)` over each sequence's policy tokens: how far

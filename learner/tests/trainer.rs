@@ -224,6 +224,74 @@ fn a_token_budget_gives_the_same_loss_and_gradients() {
     assert!(max < 1e-5, "max gradient difference {max}");
 }
 
+/// Packed several a row (`pack_sequences`), the sequences of a ragged
+/// batch give the one-pass step's loss, entropy, KL and gradients, with
+/// less padding than sorting by length leaves; also with the layers
+/// recomputed (their attention and positions see the packing too).
+#[test]
+fn packed_sequences_give_the_same_loss_and_gradients() {
+    let stale = tiny_policy(24);
+    let groups = [
+        ragged_group(&stale, 0, [2, 11, 3, 9]),
+        ragged_group(&stale, 1, [12, 2, 6, 4]),
+        ragged_group(&stale, 2, [5, 5, 10, 3]),
+    ];
+    let mut cfg = config("bapo");
+    cfg.kl_coef = 0.05;
+    cfg.entropy_coef = 0.01;
+    let one = Trainer::new(cfg.clone(), tiny_policy(25), 0).unwrap();
+    let a = one.gradients(&groups).unwrap();
+    cfg.micro_batch_tokens = 40;
+    let sorted = Trainer::new(cfg.clone(), one.policy(), 0).unwrap();
+    let by_length = sorted.gradients(&groups).unwrap();
+    cfg.pack_sequences = true;
+    for checkpoint_layers in [false, true] {
+        cfg.checkpoint_layers = checkpoint_layers;
+        let packed = Trainer::new(cfg.clone(), one.policy(), 0).unwrap();
+        let b = packed.gradients(&groups).unwrap();
+        let what = format!("checkpoint_layers = {checkpoint_layers}");
+        assert!(
+            b.metrics["padding_fraction"] < by_length.metrics["padding_fraction"],
+            "{what}: {:?} vs {:?}",
+            b.metrics,
+            by_length.metrics
+        );
+        assert!((a.loss.loss - b.loss.loss).abs() < 1e-6, "{what}");
+        assert_eq!(a.loss.metrics["c_high"], b.loss.metrics["c_high"]);
+        for key in ["entropy", "kl_ref_k3"] {
+            let (x, y) = (a.metrics[key], b.metrics[key]);
+            assert!((x - y).abs() < 1e-6, "{what}: {key} {x} vs {y}");
+        }
+        let (ga, gb) = (some_grads(&one, &a), some_grads(&packed, &b));
+        let max = ga
+            .iter()
+            .zip(&gb)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(max < 1e-5, "{what}: max gradient difference {max}");
+    }
+}
+
+/// Packing needs a budget, and cannot pack a loss whose micro-batches are
+/// its unit: both refused by name.
+#[test]
+fn packing_without_a_budget_or_with_micro_batch_losses_is_refused() {
+    let mut cfg = config("bapo");
+    cfg.pack_sequences = true;
+    let err = cfg.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("pack_sequences") && err.contains("micro_batch_tokens"),
+        "{err}"
+    );
+    cfg.micro_batch_tokens = 64;
+    cfg.search_scope = bapo_learner::config::SearchScope::MicroBatch;
+    let err = cfg.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("pack_sequences") && err.contains("search_scope"),
+        "{err}"
+    );
+}
+
 /// Where each micro-batch computes its own loss, a budget keeps the rows
 /// in order: a budget of 4 rows of equal length is `micro_batch_seqs = 4`.
 #[test]

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use bapo_policy::burn::prelude::*;
 
-use super::{Row, TrainError, compute_loss, scatter_response, slice, to_host, token_batch};
+use super::{Pass, TrainError, compute_loss, slice, to_host, token_batch};
 use crate::loss::{Denominators, LossOutput, PolicyLoss, TokenBatch};
 
 pub(super) struct HostLoss<'a> {
@@ -55,10 +55,15 @@ impl<'a> HostLoss<'a> {
 
     /// `∂L/∂lp` for every token of the step, after computing whatever
     /// `rows`' log-probs `lp` (this micro-batch's autodiff pass) complete.
-    pub(super) fn gradient(&mut self, rows: &[Row], lp: &Tensor<2>) -> Result<&[f64], TrainError> {
+    pub(super) fn gradient(
+        &mut self,
+        pass: &Pass<'_>,
+        lp: &Tensor<2>,
+    ) -> Result<&[f64], TrainError> {
         let n = self.skel.advantages.len();
+        let rows = &pass.rows;
         if self.per_micro {
-            scatter_response(rows, &to_host(lp.clone()), &mut self.lp);
+            pass.scatter_response(&to_host(lp.clone()), &mut self.lp);
             let last = rows.last().expect("micro-batches are not empty");
             let range = rows[0].offset..last.offset + last.len;
             let sub = slice(self.skel, range.clone());
@@ -71,7 +76,7 @@ impl<'a> HostLoss<'a> {
             }
         } else if self.out.is_none() {
             let mut flat = vec![0.0; n];
-            scatter_response(rows, &to_host(lp.clone()), &mut flat);
+            pass.scatter_response(&to_host(lp.clone()), &mut flat);
             self.out = Some(compute_loss(self.loss, self.skel, flat, &self.denoms)?);
         }
         Ok(match &self.out {

@@ -66,6 +66,32 @@ pub(super) fn plan(lens: &[usize], limits: Limits) -> Vec<Vec<usize>> {
     passes
 }
 
+/// Rows of each pass when they share one row of the pass
+/// (`pack_sequences`): at most `limits.tokens` tokens and `limits.seqs`
+/// rows a pass, filled first-fit decreasing (longest first, each into the
+/// first pass with room). A row over the budget gets a pass of its own.
+pub(super) fn pack(lens: &[usize], limits: Limits) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+    let (seqs, budget) = (limits.seqs.max(1), limits.tokens);
+    // Each pass's tokens so far and its rows.
+    let mut passes: Vec<(usize, Vec<usize>)> = Vec::new();
+    for i in order {
+        let len = lens[i];
+        match passes
+            .iter_mut()
+            .find(|(used, rows)| rows.len() < seqs && used + len <= budget)
+        {
+            Some((used, rows)) => {
+                *used += len;
+                rows.push(i);
+            }
+            None => passes.push((len, vec![i])),
+        }
+    }
+    passes.into_iter().map(|(_, rows)| rows).collect()
+}
+
 /// Padded tokens of a plan: what its passes compute on.
 #[cfg(test)]
 pub(super) fn padded_tokens(lens: &[usize], plan: &[Vec<usize>]) -> usize {
@@ -148,5 +174,40 @@ mod tests {
             }
         }
 
+    }
+
+    #[test]
+    fn packing_fills_each_pass_first_fit_decreasing() {
+        // Budget 15: 10+5, 6+6+3, then 4 has no room left but in a new pass.
+        let lens = [6, 10, 4, 5, 6, 3];
+        let p = pack(&lens, limits(64, 15, false));
+        assert_eq!(p, [vec![1, 3], vec![0, 4, 5], vec![2]]);
+    }
+
+    #[test]
+    fn packing_keeps_the_row_cap_and_gives_a_long_row_its_own_pass() {
+        let p = pack(&[2, 2, 2], limits(2, 100, false));
+        assert_eq!(p, [vec![0, 1], vec![2]]);
+        let p = pack(&[50, 3, 3], limits(64, 10, false));
+        assert_eq!(p, [vec![0], vec![1, 2]]);
+    }
+
+    proptest! {
+        #[test]
+        fn packed_passes_hold_every_row_once_within_their_limits(
+            lens in proptest::collection::vec(1usize..100, 0..40),
+            seqs in 1usize..20,
+            tokens in 1usize..2000,
+        ) {
+            let p = pack(&lens, limits(seqs, tokens, false));
+            let mut seen: Vec<usize> = p.iter().flatten().copied().collect();
+            seen.sort_unstable();
+            prop_assert_eq!(seen, (0..lens.len()).collect::<Vec<_>>());
+            for pass in &p {
+                prop_assert!(!pass.is_empty() && pass.len() <= seqs);
+                let used: usize = pass.iter().map(|&i| lens[i]).sum();
+                prop_assert!(pass.len() == 1 || used <= tokens);
+            }
+        }
     }
 }
