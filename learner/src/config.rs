@@ -464,6 +464,12 @@ impl LearnerConfig {
         };
         unused("spear", self.spear != SpearConfig::default())?;
         unused("remix", self.remix != RemixConfig::default())?;
+        if self.algo == "spear" && self.entropy_coef > 0.0 {
+            return Err(ConfigError::new(
+                "entropy_coef",
+                "spear has its own entropy bonus: set learner.spear.entropy_coef instead",
+            ));
+        }
         if self.algo == "remix" && self.kl_coef > 0.0 {
             return Err(ConfigError::new(
                 "kl_coef",

@@ -19,17 +19,28 @@ use crate::{
     loss::registry::{ClipCovOptions, LossOptions},
 };
 
+/// The official code's cap on `tolerate_steps`.
+const MAX_TOLERATE: u64 = 10;
+
 /// `[learner.spear]`: defaults are the SPEAR scripts' where they set a
 /// value, the yaml's otherwise.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SpearConfig {
     /// Replay set cap; the memory replays once it counts more than 1.5×
-    /// this many trajectories.
-    pub trajectory_buffer_size: usize,
-    /// Trajectories more than this many batches older than the newest are
-    /// dropped (scripts 5; the code caps it at 10).
+    /// this many trajectories. Absent: one batch of sequences
+    /// (`batch_groups × group_size`), the unit of SPEAR's math recipe
+    /// (2048 = 128 × 16 there; the ALFWorld scripts' 2048 counts env-step
+    /// rows, which bapo's episodes are not).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trajectory_buffer_size: Option<usize>,
+    /// Trajectories more than this many batches older than the newest
+    /// stored one are dropped before a batch is admitted (scripts 5; capped
+    /// at 10, as the code does).
     pub tolerate_steps: u64,
+    /// Entropy bonus of both passes (the official yaml's 0.001; the math
+    /// recipe's is 0). `learner.entropy_coef` is refused with SPEAR.
+    pub entropy_coef: f64,
     /// Group entries of the baseline history (per-group reward mean, std).
     pub baseline_buffer_size: usize,
     /// `None`: recalibrate replay advantages against the history's median
@@ -54,8 +65,9 @@ pub struct SpearConfig {
 impl Default for SpearConfig {
     fn default() -> Self {
         Self {
-            trajectory_buffer_size: 2048,
+            trajectory_buffer_size: None,
             tolerate_steps: 5,
+            entropy_coef: 0.001,
             baseline_buffer_size: 10240,
             advantage_scale: None,
             norm_adv_by_std: false,
@@ -98,8 +110,14 @@ impl SpearConfig {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |f: &str, m: String| Err(ConfigError::new(&format!("spear.{f}"), m));
-        if self.trajectory_buffer_size == 0 {
+        if self.trajectory_buffer_size == Some(0) {
             return bad("trajectory_buffer_size", "must be at least 1".into());
+        }
+        if !(self.entropy_coef.is_finite() && self.entropy_coef >= 0.0) {
+            return bad(
+                "entropy_coef",
+                format!("{} must be a number >= 0", self.entropy_coef),
+            );
         }
         if self.baseline_buffer_size == 0 {
             return bad("baseline_buffer_size", "must be at least 1".into());
@@ -124,14 +142,42 @@ impl SpearConfig {
         Ok(())
     }
 
-    /// `c(t) = c_replay·(1 − cos(π t/T))/2` for `t ≤ T`, `c_replay` after.
+    /// `c(t) = c_replay·(1 − cos(π t/T))/2` for `t ≤ T`, `c_replay` after,
+    /// `t` verl's 1-based global step: batch `b` (0-based) is step `b + 1`.
     pub fn replay_coef(&self, batch: u64) -> f64 {
-        let t_max = self.max_replay_loss_steps;
-        if batch >= t_max {
+        let (t, t_max) = (batch + 1, self.max_replay_loss_steps);
+        if t >= t_max {
             return self.replay_loss_coef;
         }
-        let x = std::f64::consts::PI * batch as f64 / t_max as f64;
+        let x = std::f64::consts::PI * t as f64 / t_max as f64;
         self.replay_loss_coef * (1.0 - x.cos()) / 2.0
+    }
+
+    /// The replay set cap for batches of `batch_seqs` sequences.
+    pub fn buffer_size(&self, batch_seqs: usize) -> usize {
+        self.trajectory_buffer_size.unwrap_or(batch_seqs).max(1)
+    }
+
+    /// Refuses a buffer the memory can never count past 1.5× of: at most
+    /// `group_size − 1` winners a group are kept, over the
+    /// `min(tolerate_steps, 10) + 2` batches the memory spans.
+    pub fn check_reachable(&self, batch_groups: u32, group_size: usize) -> Result<(), String> {
+        let Some(tbs) = self.trajectory_buffer_size else {
+            return Ok(());
+        };
+        let span = self.tolerate_steps.min(MAX_TOLERATE) + 2;
+        let most = span as usize * batch_groups as usize * group_size.saturating_sub(1);
+        if 3 * tbs >= 2 * most {
+            return Err(format!(
+                "learner.spear.trajectory_buffer_size = {tbs}: the replay needs more than 1.5 × \
+                 {tbs} remembered winners, but the memory holds at most {most} ({span} batches × \
+                 {batch_groups} groups × {} winners a group of {group_size}), so SPEAR would never \
+                 replay; set it below {}, or leave it out (one batch of sequences)",
+                group_size.saturating_sub(1),
+                (2 * most).div_ceil(3)
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -256,12 +302,11 @@ impl SpearMemory {
         Some((b, s))
     }
 
-    /// Records batch `batch`'s group statistics, ages the memory and keeps
-    /// the trajectories that beat their group (advantage > 0).
+    /// Records a batch's group statistics, ages the memory and keeps the
+    /// trajectories that beat their group (advantage > 0).
     pub fn admit(
         &mut self,
         cfg: &SpearConfig,
-        batch: u64,
         groups: &[GroupStat],
         trajectories: impl IntoIterator<Item = Stored>,
     ) {
@@ -271,8 +316,12 @@ impl SpearMemory {
             }
             self.baseline.push_back(*g);
         }
-        let oldest = batch.saturating_sub(cfg.tolerate_steps);
-        self.entries.retain(|e| e.batch >= oldest);
+        // As the official `remove_old`, before admitting: against the
+        // newest stored batch, not this one.
+        if let Some(latest) = self.entries.iter().map(|e| e.batch).max() {
+            let tolerate = cfg.tolerate_steps.min(MAX_TOLERATE);
+            self.entries.retain(|e| latest - e.batch <= tolerate);
+        }
         self.entries
             .extend(trajectories.into_iter().filter(|t| t.advantage > 0.0));
     }
@@ -311,13 +360,14 @@ impl SpearMemory {
     /// The replay set when the memory is full enough (then empties it): the
     /// recalibrated trajectories, a random subset of the largest power of
     /// two that fits, at most `trajectory_buffer_size`.
-    pub fn take(&mut self, cfg: &SpearConfig, seed: u64) -> Option<Vec<Replay>> {
-        if (self.counted(cfg) as f64) <= 1.5 * cfg.trajectory_buffer_size as f64 {
+    pub fn take(&mut self, cfg: &SpearConfig, batch_seqs: usize, seed: u64) -> Option<Vec<Replay>> {
+        let size = cfg.buffer_size(batch_seqs);
+        if 2 * self.counted(cfg) <= 3 * size {
             return None;
         }
         let mut keep: Vec<Option<Replay>> = self.recalibrated(cfg).into_iter().map(Some).collect();
         self.entries.clear();
-        let n = largest_power_of_two(keep.len()).min(cfg.trajectory_buffer_size);
+        let n = largest_power_of_two(keep.len()).min(size);
         let mut rng = SmallRng::seed_from_u64(seed);
         let mut idx = index::sample(&mut rng, keep.len(), n).into_vec();
         idx.sort_unstable();
@@ -381,17 +431,12 @@ mod tests {
             (true, [1.999992, 0.799997, 0.199999]),
         ] {
             let cfg = SpearConfig {
-                trajectory_buffer_size: 2,
+                trajectory_buffer_size: Some(2),
                 norm_adv_by_std: norm,
                 ..Default::default()
             };
             let mut m = SpearMemory::default();
-            m.admit(
-                &cfg,
-                0,
-                &h,
-                [1.0, 0.7, 0.3, 0.55].map(|r| stored(0, r, 1.0)),
-            );
+            m.admit(&cfg, &h, [1.0, 0.7, 0.3, 0.55].map(|r| stored(0, r, 1.0)));
             assert_eq!(m.baseline(), Some((0.5, 0.25)));
             let got: Vec<f64> = m.recalibrated(&cfg).iter().map(|r| r.advantage).collect();
             assert_eq!(got.len(), 3);
@@ -400,13 +445,13 @@ mod tests {
             }
             // Three rewards beat b = 0.5: not more than 1.5 × 2.
             assert_eq!(m.counted(&cfg), 3);
-            assert!(m.take(&cfg, 1).is_none());
+            assert!(m.take(&cfg, 0, 1).is_none());
             // With a cap of 1 they are: a subset of 1, and the memory empties.
             let one = SpearConfig {
-                trajectory_buffer_size: 1,
+                trajectory_buffer_size: Some(1),
                 ..cfg
             };
-            assert_eq!(m.take(&one, 1).unwrap().len(), 1);
+            assert_eq!(m.take(&one, 0, 1).unwrap().len(), 1);
             assert!(m.is_empty());
         }
     }
@@ -418,51 +463,83 @@ mod tests {
             max_replay_loss_steps: 100,
             ..Default::default()
         };
-        let got: Vec<f64> = [0, 25, 50, 100, 150]
+        // c(t) at verl's steps t = 1, 25, 50, 100, 150: batches t − 1.
+        let got: Vec<f64> = [0, 24, 49, 99, 149]
             .iter()
-            .map(|&t| cfg.replay_coef(t))
+            .map(|&b| cfg.replay_coef(b))
             .collect();
-        for (g, w) in got.iter().zip([0.0, 0.146447, 0.5, 1.0, 1.0]) {
+        for (g, w) in got.iter().zip([0.000247, 0.146447, 0.5, 1.0, 1.0]) {
             assert!((g - w).abs() < 1e-6, "{got:?}");
         }
     }
 
     #[test]
     fn admission_keeps_winners_and_ages_out_old_batches() {
+        // As `remove_old`: before admitting, against the newest stored
+        // batch, so the memory spans tolerate_steps + 2 batches.
         let cfg = SpearConfig {
             tolerate_steps: 2,
             ..Default::default()
         };
         let mut m = SpearMemory::default();
         let g = stats(&[0.5], &[0.5]);
-        m.admit(&cfg, 0, &g, [stored(0, 1.0, 0.5), stored(0, 0.0, -0.5)]);
+        m.admit(&cfg, &g, [stored(0, 1.0, 0.5), stored(0, 0.0, -0.5)]);
         assert_eq!(m.len(), 1, "a loser is not admitted");
-        m.admit(&cfg, 2, &g, [stored(2, 1.0, 0.5)]);
-        assert_eq!(m.len(), 2, "batch 0 is 2 old: kept");
-        m.admit(&cfg, 3, &g, [stored(3, 1.0, 0.0)]);
-        assert_eq!(m.len(), 1, "batch 0 is 3 old: gone; A = 0 not admitted");
+        m.admit(&cfg, &g, [stored(2, 1.0, 0.5)]);
+        assert_eq!(m.len(), 2);
+        m.admit(&cfg, &g, [stored(3, 1.0, 0.0)]);
+        assert_eq!(
+            m.len(),
+            2,
+            "newest stored is 2: batch 0 stays; A = 0 not admitted"
+        );
+        m.admit(&cfg, &g, [stored(4, 1.0, 0.5)]);
+        assert_eq!(m.len(), 3);
+        m.admit(&cfg, &g, [stored(5, 1.0, 0.5)]);
+        assert_eq!(m.len(), 3, "newest stored is 4: batch 0 is gone");
+    }
+
+    #[test]
+    fn a_buffer_the_memory_can_never_fill_is_refused() {
+        // Defaults: 7 batches × 8 groups × 7 winners = 392 at most.
+        let cfg = SpearConfig {
+            trajectory_buffer_size: Some(2048),
+            ..Default::default()
+        };
+        let err = cfg.check_reachable(8, 8).unwrap_err();
+        assert!(
+            err.contains("learner.spear.trajectory_buffer_size") && err.contains("392"),
+            "{err}"
+        );
+        let fits = SpearConfig {
+            trajectory_buffer_size: Some(261),
+            ..cfg
+        };
+        fits.check_reachable(8, 8).unwrap();
+        SpearConfig::default().check_reachable(8, 8).unwrap();
+        assert_eq!(SpearConfig::default().buffer_size(64), 64);
     }
 
     #[test]
     fn the_subset_is_a_power_of_two_and_the_baseline_history_is_bounded() {
         let cfg = SpearConfig {
-            trajectory_buffer_size: 8,
+            trajectory_buffer_size: Some(8),
             baseline_buffer_size: 4,
             ..Default::default()
         };
         let mut m = SpearMemory::default();
         let g = stats(&[0.0; 6], &[0.1; 6]);
-        m.admit(&cfg, 0, &g, (0..13).map(|_| stored(0, 1.0, 1.0)));
+        m.admit(&cfg, &g, (0..13).map(|_| stored(0, 1.0, 1.0)));
         assert_eq!(m.baseline.len(), 4);
         assert_eq!(m.counted(&cfg), 13);
-        assert_eq!(m.take(&cfg, 0).unwrap().len(), 8);
+        assert_eq!(m.take(&cfg, 0, 0).unwrap().len(), 8);
         let mut m = SpearMemory::default();
-        m.admit(&cfg, 0, &g, (0..13).map(|_| stored(0, 1.0, 1.0)));
+        m.admit(&cfg, &g, (0..13).map(|_| stored(0, 1.0, 1.0)));
         let small = SpearConfig {
-            trajectory_buffer_size: 100,
+            trajectory_buffer_size: Some(100),
             ..cfg.clone()
         };
-        assert!(m.clone().take(&small, 0).is_none());
+        assert!(m.clone().take(&small, 0, 0).is_none());
         assert_eq!(largest_power_of_two(13), 8);
         assert_eq!(largest_power_of_two(16), 16);
         assert_eq!(largest_power_of_two(1), 1);

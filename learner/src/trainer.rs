@@ -177,6 +177,14 @@ struct Sums {
     kl: Vec<f64>,
 }
 
+/// The terms a pass adds to the surrogate beside the loss: the entropy
+/// bonus's coefficient and the KL penalties (reference, coefficient,
+/// metric name).
+struct Terms<'a> {
+    entropy_coef: f64,
+    kl: Vec<(&'a Transformer, f64, &'static str)>,
+}
+
 /// One trained sequence laid out for the model.
 #[derive(Clone)]
 struct Row {
@@ -453,10 +461,11 @@ impl Trainer {
                 r.metrics.insert("mini_batch".into(), k as f64);
                 reports.push(r);
             }
-            if let Some((parts, loss)) = &replay {
+            if let Some((parts, loss, coef)) = &replay {
                 for (k, p) in parts.iter().enumerate() {
                     let t0 = Instant::now();
-                    let mut r = self.apply(self.backward_with(p, loss.as_ref(), false)?, t0)?;
+                    let back = self.backward_with(p, loss.as_ref(), Some(*coef))?;
+                    let mut r = self.apply(back, t0)?;
                     r.metrics.insert("epoch".into(), epoch as f64);
                     r.metrics.insert("spear_replay".into(), 1.0);
                     r.metrics.insert("spear_replay_mini_batch".into(), k as f64);
@@ -593,16 +602,27 @@ impl Trainer {
     /// The loss of a prepared batch under the current weights and its
     /// parameter gradients (accumulated over micro-batches).
     pub fn backward(&self, prepared: &Prepared) -> Result<Backward, TrainError> {
-        self.backward_with(prepared, self.loss.as_ref(), true)
+        self.backward_with(prepared, self.loss.as_ref(), None)
     }
 
-    /// [`Trainer::backward`] with `loss`, and the KL penalties only when
-    /// `kl` (SPEAR's replay pass has none).
+    /// The entropy bonus's coefficient: SPEAR's own under `algo = "spear"`
+    /// (its yaml's), `learner.entropy_coef` otherwise.
+    fn entropy_coef(&self) -> f64 {
+        match self.cfg.algo.as_str() {
+            "spear" => self.cfg.spear.entropy_coef,
+            _ => self.cfg.entropy_coef,
+        }
+    }
+
+    /// [`Trainer::backward`] with `loss`. `replay`: SPEAR's replay pass
+    /// with its coefficient `c(t)`, which scales the entropy bonus as it
+    /// scales the loss (the official code multiplies the whole loss), and
+    /// no KL penalties.
     fn backward_with(
         &self,
         prepared: &Prepared,
         loss: &dyn PolicyLoss,
-        kl: bool,
+        replay: Option<f64>,
     ) -> Result<Backward, TrainError> {
         let Prepared {
             rows,
@@ -625,7 +645,13 @@ impl Trainer {
         if !per_micro && micro.len() > 1 {
             host.set_from_prepass(self.logprobs_no_grad(rows, skel.advantages.len()))?;
         }
-        let kl_terms = if kl { self.kl_terms() } else { Vec::new() };
+        let terms = Terms {
+            entropy_coef: self.entropy_coef() * replay.unwrap_or(1.0),
+            kl: match replay {
+                None => self.kl_terms(),
+                Some(_) => Vec::new(),
+            },
+        };
         // Entropy and KL are means over the policy's tokens: an
         // environment's observations weigh nothing.
         let inv_tokens = 1.0 / skel.masked_count().max(1) as f32;
@@ -636,7 +662,7 @@ impl Trainer {
             .collect();
         let mut sums = Sums {
             entropy: 0.0,
-            kl: vec![0.0; kl_terms.len()],
+            kl: vec![0.0; terms.kl.len()],
         };
         metrics.extend(pass::metrics(&micro));
         let mut peak_mem = None;
@@ -647,14 +673,8 @@ impl Trainer {
             let (lp, entropy) =
                 next_token_logprobs_and_entropy(logits, tokens.clone(), self.cfg.temperature);
             let grad = host.gradient(pass, &lp)?;
-            let objective = self.objective(
-                pass,
-                (lp, entropy),
-                grad,
-                &token_weight,
-                &kl_terms,
-                &mut sums,
-            );
+            let objective =
+                self.objective(pass, (lp, entropy), grad, &token_weight, &terms, &mut sums);
             // The pass's peak is near here: its activations are all alive.
             peak_mem = peak_mem.max(self.device_memory());
             let grads = objective.backward();
@@ -675,7 +695,7 @@ impl Trainer {
             metrics.insert("device_mem_in_use_gib".into(), memory::gib(in_use));
             metrics.insert("device_mem_reserved_gib".into(), memory::gib(reserved));
         }
-        for ((_, _, name), v) in kl_terms.iter().zip(sums.kl) {
+        for ((_, _, name), v) in terms.kl.iter().zip(sums.kl) {
             metrics.insert((*name).into(), v);
         }
         Ok(Backward {
@@ -767,7 +787,7 @@ impl Trainer {
         (lp, entropy): (Tensor<2>, Tensor<2>),
         grad: &[f64],
         token_weight: &[f32],
-        kl_terms: &[(&Transformer, f64, &'static str)],
+        terms: &Terms<'_>,
         sums: &mut Sums,
     ) -> Tensor<1> {
         let [b, t] = lp.dims();
@@ -780,10 +800,10 @@ impl Trainer {
         let weighted_entropy = entropy.mul(mask.clone()).sum();
         sums.entropy += weighted_entropy.clone().into_scalar::<f32>() as f64;
         let mut objective = lp.clone().mul(coef).sum();
-        if self.cfg.entropy_coef > 0.0 {
-            objective = objective - weighted_entropy.mul_scalar(self.cfg.entropy_coef as f32);
+        if terms.entropy_coef > 0.0 {
+            objective = objective - weighted_entropy.mul_scalar(terms.entropy_coef as f32);
         }
-        for (i, (reference, coef, _)) in kl_terms.iter().enumerate() {
+        for (i, (reference, coef, _)) in terms.kl.iter().enumerate() {
             let k3 = self.k3_to(reference, pass, lp.clone(), mask.clone());
             sums.kl[i] += k3.clone().into_scalar::<f32>() as f64;
             objective = objective + k3.mul_scalar(*coef as f32);

@@ -27,8 +27,8 @@ fn batches(n: u32) -> Vec<Vec<TrainGroup>> {
 fn spear() -> LearnerConfig {
     LearnerConfig {
         spear: SpearConfig {
-            trajectory_buffer_size: 2,
-            max_replay_loss_steps: 2,
+            trajectory_buffer_size: Some(2),
+            max_replay_loss_steps: 4,
             replay_clip_cov_lb: -100.0,
             replay_clip_cov_ub: 100.0,
             ..Default::default()
@@ -74,12 +74,30 @@ fn spear_replays_its_winners_once_the_memory_is_full() {
     assert_eq!(metric(replay, "spear_replay_seqs"), Some(2.0));
     assert_eq!(replay.sequences, 2);
     assert_eq!(metric(replay, "spear_replay_reward_mean"), Some(1.0));
-    // c(1) with T = 2: (1 − cos(π/2))/2 = 0.5.
+    // Batch 1 is verl's step 2: c(2) with T = 4 is (1 − cos(π/2))/2 = 0.5.
     assert!((metric(replay, "spear_replay_coef").unwrap() - 0.5).abs() < 1e-12);
     assert!(replay.loss != 0.0 && replay.metrics["grad_norm"] > 0.0);
     assert_eq!(replay.version, 3);
     // The replay emptied the memory; this batch's winners refill it.
     assert_eq!(metric(&second[0], "spear_memory"), Some(4.0));
+}
+
+/// At the defaults the replay fires: the buffer is one batch of sequences
+/// (8 here), so the memory replays once it counts more than 12 winners,
+/// 4 a batch, at the fifth batch. (With the former fixed 2048 it never
+/// could: the memory holds a few hundred at bapo's batch sizes.)
+#[test]
+fn spear_replays_at_its_default_settings() {
+    let b = batches(5);
+    let mut t = Trainer::new(config("spear"), tiny_policy(12), 0).unwrap();
+    let replayed: Vec<bool> = b
+        .iter()
+        .map(|g| {
+            let r = t.train_batch(g).unwrap();
+            r.iter().any(|r| metric(r, "spear_replay") == Some(1.0))
+        })
+        .collect();
+    assert_eq!(replayed, [false, false, false, false, true]);
 }
 
 #[test]

@@ -79,6 +79,13 @@ pub fn settle(c: &mut ConfigFile, file: &toml::Table) -> anyhow::Result<()> {
         Some(false) => c.actor.sampling.temperature = t.1,
         None => {}
     }
+    // SPEAR's memory fills from groups the learner cannot size alone.
+    if c.learner.algo == "spear" {
+        let spear = &c.learner.spear;
+        spear
+            .check_reachable(c.learner.batch_groups, c.actor.group_size)
+            .map_err(anyhow::Error::msg)?;
+    }
     settle_lora(c, file)
 }
 
@@ -150,5 +157,20 @@ mod tests {
         }
         // Equal is fine.
         settled("[actor]\ngroup_size = 4\n[buffer]\ngroup_size = 4\n").unwrap();
+    }
+
+    #[test]
+    fn a_spear_buffer_that_can_never_fill_is_refused() {
+        let err = settled(
+            "[learner]\nalgo = \"spear\"\nbatch_groups = 2\n[learner.spear]\n\
+             trajectory_buffer_size = 64\n[actor]\ngroup_size = 4\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("learner.spear.trajectory_buffer_size = 64"),
+            "{err}"
+        );
+        settled("[learner]\nalgo = \"spear\"\n").unwrap();
     }
 }

@@ -151,7 +151,7 @@ pub const ENTRIES: &[Entry] = &[
     entry(
         "spear",
         Estimator::DrGrpo,
-        "SPEAR official code (spec §2b.1): Clip-Cov, Dr.BoT norm_adv_by_std=False",
+        "SPEAR official code (spec §2b.1): Clip-Cov, Dr.BoT norm_adv_by_std=False; its self-imitation half (no tool-call curriculum)",
     ),
     Entry {
         needs_behaviour: true,

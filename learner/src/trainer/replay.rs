@@ -83,8 +83,8 @@ impl PolicyLoss for Scaled {
     }
 }
 
-/// SPEAR's replay: its mini-batches and their loss.
-pub(super) type ReplayPass = (Vec<Prepared>, Box<dyn PolicyLoss>);
+/// SPEAR's replay: its mini-batches, their loss and its coefficient `c(t)`.
+pub(super) type ReplayPass = (Vec<Prepared>, Box<dyn PolicyLoss>, f64);
 
 /// A seed per batch and purpose, from the learner's seed.
 fn seed(base: u64, t: u64, salt: u64) -> u64 {
@@ -126,18 +126,21 @@ impl Trainer {
         let Some(memory) = self.spear.as_mut() else {
             return Ok(None);
         };
-        let Some(items) = memory.take(&self.cfg.spear, seed(self.cfg.seed, t, 2)) else {
+        let batch_seqs = prepared.iter().map(|p| p.rows.len()).sum();
+        let Some(items) = memory.take(&self.cfg.spear, batch_seqs, seed(self.cfg.seed, t, 2))
+        else {
             return Ok(None);
         };
         metrics.insert("spear_replay_seqs".into(), items.len() as f64);
         let size = prepared.iter().map(|p| p.rows.len()).max().unwrap_or(1);
         let parts = items.chunks(size.max(1)).map(prepare_replay).collect();
         let options = self.cfg.spear.replay_options(&self.cfg.loss_options()?);
+        let coef = self.cfg.spear.replay_coef(t);
         let loss = Scaled {
             inner: registry::build("spear", &options)?,
-            coef: self.cfg.spear.replay_coef(t),
+            coef,
         };
-        Ok(Some((parts, Box::new(loss))))
+        Ok(Some((parts, Box::new(loss), coef)))
     }
 
     /// After batch `t`'s updates: SPEAR admits its winners and records the
@@ -162,7 +165,7 @@ impl Trainer {
             let stored = prepared
                 .iter()
                 .flat_map(|p| p.rows.iter().map(move |row| stored(t, p, row)));
-            memory.admit(&self.cfg.spear, t, &stats, stored);
+            memory.admit(&self.cfg.spear, &stats, stored);
             metrics.insert("spear_memory".into(), memory.len() as f64);
             metrics.insert(
                 "spear_counted".into(),

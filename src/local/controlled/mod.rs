@@ -196,6 +196,13 @@ fn fingerprinted(setting: &serde_json::Value) -> serde_json::Value {
         for key in ["warm_starts", "model_seeds", "lag", "updates_per_batch"] {
             m.remove(key);
         }
+        // The arms train PPO and BAPO only, which refuse a SPEAR or ReMix
+        // table at anything but its defaults: a change to those defaults
+        // changes no run's numbers.
+        if let Some(learner) = m.get_mut("learner").and_then(|l| l.as_object_mut()) {
+            learner.remove("spear");
+            learner.remove("remix");
+        }
     }
     s
 }
