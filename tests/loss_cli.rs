@@ -66,6 +66,44 @@ fn bapo_paper_and_code_modes_on_t1() {
     close(&doc["metrics"]["c_high"], 2.0);
 }
 
+/// The official example script's setting, as a preset and by hand
+/// (ranges and the share 1/3 that is its P/N 0.5): vector E1.
+#[test]
+fn bapo_code_example_on_e1() {
+    let input = ["--input", "tests/fixtures/loss/e1_bapo_example.json"];
+    let preset = [
+        &["--algo", "bapo", "--bapo-mode", "code-example"][..],
+        &input,
+    ]
+    .concat();
+    let (ok, doc, err) = bapo_loss(&preset);
+    assert!(ok, "{err}");
+    close(&doc["loss"], 2.6 / 6.0);
+    close(&doc["metrics"]["c_low"], 0.95);
+    close(&doc["metrics"]["c_high"], 1.4);
+    close(&doc["metrics"]["search_steps"], 5.0);
+    let by_hand = [
+        &[
+            "--algo",
+            "bapo",
+            "--bapo-mode",
+            "code",
+            "--bapo-rho0",
+            "0.3333333333333333",
+        ][..],
+        &["--bapo-low", "0.8,0.95,0.05", "--bapo-high", "1.2,2.0,0.1"],
+        &input,
+    ]
+    .concat();
+    let (ok, hand, err) = bapo_loss(&by_hand);
+    assert!(ok, "{err}");
+    assert_eq!(hand["metrics"]["c_high"], doc["metrics"]["c_high"]);
+    close(&hand["loss"], 2.6 / 6.0);
+    let bad = [&["--algo", "bapo", "--bapo-high", "0.9,2,0.1"][..], &input].concat();
+    let (ok, _, err) = bapo_loss(&bad);
+    assert!(!ok && err.contains("bapo_high"), "{err}");
+}
+
 #[test]
 fn ppo_options_on_t3() {
     let input = ["--input", "tests/fixtures/loss/t3.json"];

@@ -55,6 +55,12 @@ pub struct LearnerConfig {
     pub bapo_mode: BapoMode,
     /// BAPO's target positive share `ρ0` (unset: the mode's own).
     pub bapo_rho0: Option<f64>,
+    /// BAPO's `c_low` search `[start, max, step]` (unset: the mode's own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bapo_low: Option<[f64; 3]>,
+    /// BAPO's `c_high` search `[start, max, step]` (unset: the mode's own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bapo_high: Option<[f64; 3]>,
     pub clip_eps: Option<f64>,
     pub clip_eps_high: Option<f64>,
     /// Dual clip `c > 1` for negative advantages; 0 turns off a loss's
@@ -195,6 +201,8 @@ impl Default for LearnerConfig {
             algo: "bapo".into(),
             bapo_mode: BapoMode::Paper,
             bapo_rho0: None,
+            bapo_low: None,
+            bapo_high: None,
             clip_eps: None,
             clip_eps_high: None,
             dual_clip: None,
@@ -276,6 +284,8 @@ impl LearnerConfig {
         Ok(LossOptions {
             bapo_mode: Some(self.bapo_mode),
             bapo_rho0: self.bapo_rho0,
+            bapo_low: self.bapo_low,
+            bapo_high: self.bapo_high,
             clip_eps: self.clip_eps,
             clip_eps_high: self.clip_eps_high,
             dual_clip: self.dual_clip,

@@ -26,6 +26,8 @@ use serde_json::{Value, json};
 pub enum Mode {
     Paper,
     Code,
+    /// The official example script's setting.
+    CodeExample,
 }
 
 #[derive(Debug, Args)]
@@ -38,9 +40,19 @@ pub struct LossArgs {
     /// JSON batch file; `-` reads standard input.
     #[arg(long)]
     pub input: PathBuf,
-    /// BAPO bound search: the paper's Algorithm 1 or the official code.
+    /// BAPO bound search: the paper's Algorithm 1, the official code's
+    /// yaml, or its example script.
     #[arg(long, value_enum)]
     pub bapo_mode: Option<Mode>,
+    /// BAPO's target positive share ρ0 in (0, 1).
+    #[arg(long)]
+    pub bapo_rho0: Option<f64>,
+    /// BAPO's c_low search: START,MAX,STEP.
+    #[arg(long, value_parser = parse_range)]
+    pub bapo_low: Option<[f64; 3]>,
+    /// BAPO's c_high search: START,MAX,STEP.
+    #[arg(long, value_parser = parse_range)]
+    pub bapo_high: Option<[f64; 3]>,
     /// ε_low of fixed-bound losses (and ε_high unless given).
     #[arg(long)]
     pub clip_eps: Option<f64>,
@@ -54,6 +66,16 @@ pub struct LossArgs {
     /// seq-mean-token-sum-norm.
     #[arg(long)]
     pub agg: Option<String>,
+}
+
+/// `START,MAX,STEP` as three numbers.
+fn parse_range(s: &str) -> Result<[f64; 3], String> {
+    let v: Vec<f64> = s
+        .split(',')
+        .map(|x| x.trim().parse::<f64>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{s:?}: {e}"))?;
+    <[f64; 3]>::try_from(v).map_err(|_| format!("{s:?}: want START,MAX,STEP"))
 }
 
 /// Quotes the non-JSON number spellings Python writes, outside strings.
@@ -200,13 +222,16 @@ pub fn evaluate(args: &LossArgs, text: &str) -> anyhow::Result<Value> {
         bapo_mode: args.bapo_mode.map(|m| match m {
             Mode::Paper => BapoMode::Paper,
             Mode::Code => BapoMode::Code,
+            Mode::CodeExample => BapoMode::CodeExample,
         }),
+        bapo_low: args.bapo_low,
+        bapo_high: args.bapo_high,
         clip_eps: args.clip_eps,
         clip_eps_high: args.clip_eps_high,
         dual_clip: args.dual_clip,
         agg,
         clip_cov: None,
-        bapo_rho0: None,
+        bapo_rho0: args.bapo_rho0,
     };
     let loss = registry::build(&args.algo, &options)?;
     let batch = parse_batch(text)?;
@@ -277,6 +302,9 @@ mod tests {
                 algo: algo.into(),
                 input: "-".into(),
                 bapo_mode: None,
+                bapo_rho0: None,
+                bapo_low: None,
+                bapo_high: None,
                 clip_eps: None,
                 clip_eps_high: None,
                 dual_clip: None,

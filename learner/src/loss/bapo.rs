@@ -30,8 +30,12 @@ use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, ppo::
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BapoMode {
+    /// The paper's Algorithm 1 and hyperparameters (§5.1).
     Paper,
+    /// The official code's search with its `bapo_trainer.yaml` ranges.
     Code,
+    /// The official code's search with its `run_bapo_example.sh` setting.
+    CodeExample,
 }
 
 /// What counts as a token's contribution to `P` or `N`.
@@ -94,6 +98,35 @@ impl BapoConfig {
             high_max: 2.0,
             high_step: 0.05,
             ..Self::paper()
+        }
+    }
+}
+
+impl BapoConfig {
+    /// The official `run_bapo_example.sh`: `adv_ratio_target = 0.5`, which
+    /// the code reads as `P/N ≥ 0.5` (a positive share of 1/3, whatever
+    /// the variable's name says), `c_low` 0.8 → 0.95 by 0.05 and `c_high`
+    /// 1.2 → 2.0 by 0.1.
+    pub fn code_example() -> Self {
+        Self {
+            mode: BapoMode::CodeExample,
+            target: 0.5,
+            low_start: 0.8,
+            low_max: 0.95,
+            low_step: 0.05,
+            high_start: 1.2,
+            high_max: 2.0,
+            high_step: 0.1,
+            ..Self::code()
+        }
+    }
+
+    /// The preset `mode` names.
+    pub fn of_mode(mode: BapoMode) -> Self {
+        match mode {
+            BapoMode::Paper => Self::paper(),
+            BapoMode::Code => Self::code(),
+            BapoMode::CodeExample => Self::code_example(),
         }
     }
 }
@@ -201,7 +234,7 @@ pub fn search_with(cfg: &BapoConfig, mut eval: impl FnMut(f64, f64) -> (f64, f64
                 steps += 1;
             }
         }
-        BapoMode::Code => {
+        BapoMode::Code | BapoMode::CodeExample => {
             let (mut c_low, mut c_high, mut steps) = (cfg.low_start, cfg.high_start, 0u32);
             let mut b = at(c_low, c_high, steps, &mut eval);
             let met = |b: &Bounds| b.pos_neg_ratio() >= cfg.target;
@@ -319,6 +352,39 @@ mod tests {
             &t1(),
         );
         close(dual.loss, 0.183333);
+    }
+
+    #[test]
+    fn e1_the_official_example_meets_p_over_n_one_half_after_5_steps() {
+        let out = run(BapoConfig::code_example(), &e1());
+        close(out.metrics["c_low"], 0.95);
+        close(out.metrics["c_high"], 1.4);
+        close(out.metrics["search_steps"], 5.0);
+        close(out.metrics["target_met"], 1.0);
+        close(out.metrics["pos_neg_ratio"], 3.3 / 6.4);
+        close(out.metrics["pos_fraction"], 3.3 / 9.7);
+        close(out.loss, 2.6 / 6.0);
+        close_all(&out.grad, &[0.0, -1.0 / 12.0, 1.0 / 6.0, 0.0, 0.0, 0.0]);
+        close(out.metrics["dual_clip_frac"], 1.0 / 6.0);
+        // The yaml's ranges and target 1 never meet it on E1.
+        let yaml = run(BapoConfig::code(), &e1());
+        close(yaml.metrics["c_low"], 0.8);
+        close(yaml.metrics["c_high"], 2.0);
+        close(yaml.metrics["search_steps"], 20.0);
+        close(yaml.metrics["target_met"], 0.0);
+        close(yaml.loss, 0.2);
+        // The script's ranges with 0.5 misread as a share (P/N ≥ 1).
+        let misread = run(
+            BapoConfig {
+                target: 1.0,
+                ..BapoConfig::code_example()
+            },
+            &e1(),
+        );
+        close(misread.metrics["c_high"], 2.0);
+        close(misread.metrics["search_steps"], 11.0);
+        close(misread.metrics["target_met"], 0.0);
+        close(misread.loss, 0.233333);
     }
 
     #[test]

@@ -181,6 +181,10 @@ pub struct LossOptions {
     /// mode: the ratio `ρ0 / (1 − ρ0)`); unset, the mode's default (0.4,
     /// and 0.5 as the code's ratio 1). Refused for any other loss.
     pub bapo_rho0: Option<f64>,
+    /// BAPO's `c_low` and `c_high` searches, each `[start, max, step]`;
+    /// unset, the mode's own. Refused for any other loss.
+    pub bapo_low: Option<[f64; 3]>,
+    pub bapo_high: Option<[f64; 3]>,
     /// ε_low (and ε_high unless given separately).
     pub clip_eps: Option<f64>,
     pub clip_eps_high: Option<f64>,
@@ -269,14 +273,45 @@ impl LossOptions {
                 format!("{c} must be 0 (off) or a finite number above 1"),
             ));
         }
-        match self.bapo_rho0 {
-            Some(r) if !(r > 0.0 && r < 1.0) => Err(LossError::new(
+        if let Some(r) = self.bapo_rho0
+            && !(r > 0.0 && r < 1.0)
+        {
+            return Err(LossError::new(
                 "bapo_rho0",
                 format!("{r} must be a share strictly between 0 and 1"),
-            )),
-            _ => Ok(()),
+            ));
         }
+        check_range("bapo_low", self.bapo_low, |start, max| {
+            start > 0.0 && max < 1.0
+        })?;
+        check_range("bapo_high", self.bapo_high, |start, _| start > 1.0)
     }
+}
+
+/// A BAPO bound's search `[start, max, step]`: finite, `start ≤ max`,
+/// `step ≥ 0`, and on its side of 1 (`side`).
+fn check_range(
+    field: &str,
+    range: Option<[f64; 3]>,
+    side: impl Fn(f64, f64) -> bool,
+) -> Result<(), LossError> {
+    let Some([start, max, step]) = range else {
+        return Ok(());
+    };
+    let ok = [start, max, step].iter().all(|x| x.is_finite())
+        && start <= max
+        && step >= 0.0
+        && side(start, max);
+    if ok {
+        return Ok(());
+    }
+    Err(LossError::new(
+        field,
+        format!(
+            "[{start}, {max}, {step}] must be [start, max, step] with start <= max, step >= 0, \
+             c_low's range inside (0, 1) and c_high's above 1"
+        ),
+    ))
 }
 
 /// Builds the named loss.
@@ -291,11 +326,17 @@ pub fn build_with(
     tis: &TisOptions,
 ) -> Result<Box<dyn PolicyLoss>, LossError> {
     o.check()?;
-    if o.bapo_rho0.is_some() && name != "bapo" {
-        return Err(LossError::new(
-            "bapo_rho0",
-            format!("BAPO's target share does nothing for {name:?}"),
-        ));
+    for (field, set) in [
+        ("bapo_rho0", o.bapo_rho0.is_some()),
+        ("bapo_low", o.bapo_low.is_some()),
+        ("bapo_high", o.bapo_high.is_some()),
+    ] {
+        if set && name != "bapo" {
+            return Err(LossError::new(
+                field,
+                format!("BAPO's search setting does nothing for {name:?}"),
+            ));
+        }
     }
     let agg = |default: Aggregation| o.agg.unwrap_or(default);
     let ppo_like = |base: PpoClip| {
@@ -310,17 +351,20 @@ pub fn build_with(
     };
     let loss: Box<dyn PolicyLoss> = match name {
         "bapo" => {
-            let mut cfg = match o.bapo_mode.unwrap_or(BapoMode::Paper) {
-                BapoMode::Paper => BapoConfig::paper(),
-                BapoMode::Code => BapoConfig::code(),
-            };
+            let mut cfg = BapoConfig::of_mode(o.bapo_mode.unwrap_or(BapoMode::Paper));
             cfg.dual_clip = o.dual(cfg.dual_clip);
             cfg.agg = agg(cfg.agg);
             if let Some(rho0) = o.bapo_rho0 {
                 cfg.target = match cfg.mode {
                     BapoMode::Paper => rho0,
-                    BapoMode::Code => rho0 / (1.0 - rho0),
+                    BapoMode::Code | BapoMode::CodeExample => rho0 / (1.0 - rho0),
                 };
+            }
+            if let Some([start, max, step]) = o.bapo_low {
+                (cfg.low_start, cfg.low_max, cfg.low_step) = (start, max, step);
+            }
+            if let Some([start, max, step]) = o.bapo_high {
+                (cfg.high_start, cfg.high_max, cfg.high_step) = (start, max, step);
             }
             Box::new(Bapo { cfg })
         }
@@ -593,6 +637,70 @@ mod tests {
     /// t3 exhausts paper mode's search below ρ0 = 0.4 (its share reaches
     /// 0.362 at [0.9, 3.0]); asking for 0.35 lets the search stop earlier,
     /// target met.
+    #[test]
+    fn bapo_ranges_are_set_checked_and_refused_for_other_losses() {
+        use crate::loss::testing::e1;
+        let b = e1();
+        let example = LossOptions {
+            bapo_mode: Some(BapoMode::CodeExample),
+            ..Default::default()
+        };
+        // The example's ranges given by hand to code mode, its target as
+        // the share 1/3 (P/N = 0.5): the preset's bounds.
+        let by_hand = LossOptions {
+            bapo_mode: Some(BapoMode::Code),
+            bapo_rho0: Some(1.0 / 3.0),
+            bapo_low: Some([0.8, 0.95, 0.05]),
+            bapo_high: Some([1.2, 2.0, 0.1]),
+            ..Default::default()
+        };
+        let m = |o: &LossOptions| {
+            build("bapo", o)
+                .unwrap()
+                .compute(&b, &Denominators::of(&b))
+                .metrics
+        };
+        let (a, h) = (m(&example), m(&by_hand));
+        assert_eq!((a["c_low"], a["c_high"]), (h["c_low"], h["c_high"]));
+        for (field, o) in [
+            (
+                "bapo_low",
+                LossOptions {
+                    bapo_low: Some([0.9, 0.8, 0.05]),
+                    ..Default::default()
+                },
+            ),
+            (
+                "bapo_low",
+                LossOptions {
+                    bapo_low: Some([0.8, 1.1, 0.05]),
+                    ..Default::default()
+                },
+            ),
+            (
+                "bapo_high",
+                LossOptions {
+                    bapo_high: Some([0.9, 2.0, 0.1]),
+                    ..Default::default()
+                },
+            ),
+            (
+                "bapo_high",
+                LossOptions {
+                    bapo_high: Some([1.2, 2.0, -0.1]),
+                    ..Default::default()
+                },
+            ),
+        ] {
+            assert_eq!(build("bapo", &o).err().unwrap().field, field, "{o:?}");
+        }
+        let ppo = LossOptions {
+            bapo_high: Some([1.2, 2.0, 0.1]),
+            ..Default::default()
+        };
+        assert_eq!(build("ppo", &ppo).err().unwrap().field, "bapo_high");
+    }
+
     #[test]
     fn bapo_rho0_sets_the_target_in_both_modes() {
         let b = t3();

@@ -43,6 +43,17 @@ fn from_probs(a: &[f64], p_old: &[f64], p_new: &[f64]) -> TokenBatch {
     batch(a, &ln(p_new), &ln(p_old))
 }
 
+/// E1: the official example script's ranges (`code-example`) meet
+/// `P/N ≥ 0.5` at (0.95, 1.4) after 5 steps; the yaml's and a misread
+/// target do not (vector computed with a port of the official loss).
+pub fn e1() -> TokenBatch {
+    from_probs(
+        &[2.0, 1.0, -1.0, -1.0, -1.0, -1.0],
+        &[0.20, 0.40, 0.50, 0.50, 0.50, 0.20],
+        &[0.50, 0.20, 0.50, 0.45, 0.30, 0.70],
+    )
+}
+
 /// T1: BAPO reaches the target.
 pub fn t1() -> TokenBatch {
     from_probs(
