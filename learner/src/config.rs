@@ -474,10 +474,13 @@ impl LearnerConfig {
         };
         unused("spear", self.spear != SpearConfig::default())?;
         unused("remix", self.remix != RemixConfig::default())?;
-        if self.algo == "spear" && self.entropy_coef > 0.0 {
+        if matches!(self.algo.as_str(), "spear" | "remix") && self.entropy_coef > 0.0 {
             return Err(ConfigError::new(
                 "entropy_coef",
-                "spear has its own entropy bonus: set learner.spear.entropy_coef instead",
+                format!(
+                    "{} has its own entropy bonus: set learner.{}.entropy_coef instead",
+                    self.algo, self.algo
+                ),
             ));
         }
         if self.algo == "remix" && self.kl_coef > 0.0 {

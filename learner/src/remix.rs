@@ -25,9 +25,13 @@ pub struct RemixConfig {
     pub off_policy_fraction: f64,
     /// Replay from the last `N` batches.
     pub policies: u64,
-    /// β of the KL-Convex penalty (not found in the sources; verl's
-    /// `kl_loss_coef` default).
+    /// β of the KL-Convex penalty: the verl config in the authors'
+    /// repository (`kl_loss_coef` 0.001, `low_var_kl`: k3), which holds no
+    /// ReMix training code.
     pub kl_coef: f64,
+    /// Entropy bonus (that config's `entropy_coeff` 0.001);
+    /// `learner.entropy_coef` is refused with ReMix.
+    pub entropy_coef: f64,
     /// `T`: batches before reincarnation; 0 never reincarnates.
     pub reincarnate_at: u64,
     /// λ stays 1 for this many batches...
@@ -45,6 +49,7 @@ impl Default for RemixConfig {
             off_policy_fraction: 0.4,
             policies: 2,
             kl_coef: 0.001,
+            entropy_coef: 0.001,
             reincarnate_at: 50,
             lambda_hold: 50,
             lambda_every: 10,
@@ -69,6 +74,12 @@ impl RemixConfig {
         }
         if !(self.kl_coef.is_finite() && self.kl_coef >= 0.0) {
             return bad("kl_coef", format!("{} must be >= 0", self.kl_coef));
+        }
+        if !(self.entropy_coef.is_finite() && self.entropy_coef >= 0.0) {
+            return bad(
+                "entropy_coef",
+                format!("{} must be >= 0", self.entropy_coef),
+            );
         }
         if self.lambda_every == 0 {
             return bad("lambda_every", "must be at least 1".into());

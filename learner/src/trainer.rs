@@ -605,11 +605,12 @@ impl Trainer {
         self.backward_with(prepared, self.loss.as_ref(), None)
     }
 
-    /// The entropy bonus's coefficient: SPEAR's own under `algo = "spear"`
-    /// (its yaml's), `learner.entropy_coef` otherwise.
+    /// The entropy bonus's coefficient: SPEAR's and ReMix's own (their
+    /// sources' configs), `learner.entropy_coef` otherwise.
     fn entropy_coef(&self) -> f64 {
         match self.cfg.algo.as_str() {
             "spear" => self.cfg.spear.entropy_coef,
+            "remix" => self.cfg.remix.entropy_coef,
             _ => self.cfg.entropy_coef,
         }
     }

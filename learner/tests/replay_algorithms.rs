@@ -45,6 +45,7 @@ fn remix() -> LearnerConfig {
             off_policy_fraction: 0.5,
             policies: 1,
             kl_coef: 0.5,
+            entropy_coef: 0.001,
             reincarnate_at: 3,
             lambda_hold: 1,
             lambda_every: 1,
@@ -98,6 +99,29 @@ fn spear_replays_at_its_default_settings() {
         })
         .collect();
     assert_eq!(replayed, [false, false, false, false, true]);
+}
+
+/// SPEAR's and ReMix's own entropy bonuses (their sources' 0.001) reach
+/// the gradient: the same batch with the bonus at 0 moves the weights
+/// differently.
+#[test]
+fn spear_and_remix_train_with_their_own_entropy_bonus() {
+    let b = batches(1);
+    for algo in ["spear", "remix"] {
+        let grad_norm = |coef: f64| {
+            let mut cfg = if algo == "spear" { spear() } else { remix() };
+            cfg.spear.entropy_coef = if algo == "spear" { coef } else { 0.001 };
+            cfg.remix.entropy_coef = if algo == "remix" { coef } else { 0.001 };
+            let mut t = Trainer::new(cfg, tiny_policy(12), 0).unwrap();
+            t.train_batch(&b[0]).unwrap()[0].metrics["grad_norm"]
+        };
+        let (with, without) = (grad_norm(0.001), grad_norm(0.0));
+        assert!((with - without).abs() > 1e-9, "{algo}: {with} vs {without}");
+    }
+    let mut cfg = spear();
+    cfg.entropy_coef = 0.01;
+    let err = cfg.validate().unwrap_err().to_string();
+    assert!(err.contains("learner.spear.entropy_coef"), "{err}");
 }
 
 #[test]
