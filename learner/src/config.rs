@@ -9,6 +9,7 @@ use crate::{
     loss::{
         Aggregation, LossError, PolicyLoss,
         bapo::BapoMode,
+        rec::RecWeight,
         registry::{self, ClipCovOptions, LossOptions, TisOptions},
         tis::{IsCorrection, TisLevel},
     },
@@ -61,6 +62,14 @@ pub struct LearnerConfig {
     /// BAPO's `c_high` search `[start, max, step]` (unset: the mode's own).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bapo_high: Option<[f64; 3]>,
+    /// REC's weight of in-range tokens: `none` (NoIS), `is`, `tis`
+    /// (unset: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rec_weight: Option<RecWeight>,
+    /// REC's ring bounds `[ε'_l, ε'_h]`, TIS's truncation too (unset:
+    /// 0.6, 2.0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rec_ring: Option<[f64; 2]>,
     pub clip_eps: Option<f64>,
     pub clip_eps_high: Option<f64>,
     /// Dual clip `c > 1` for negative advantages; 0 turns off a loss's
@@ -203,6 +212,8 @@ impl Default for LearnerConfig {
             bapo_rho0: None,
             bapo_low: None,
             bapo_high: None,
+            rec_weight: None,
+            rec_ring: None,
             clip_eps: None,
             clip_eps_high: None,
             dual_clip: None,
@@ -286,6 +297,8 @@ impl LearnerConfig {
             bapo_rho0: self.bapo_rho0,
             bapo_low: self.bapo_low,
             bapo_high: self.bapo_high,
+            rec_weight: self.rec_weight,
+            rec_ring: self.rec_ring,
             clip_eps: self.clip_eps,
             clip_eps_high: self.clip_eps_high,
             dual_clip: self.dual_clip,

@@ -15,6 +15,7 @@ use bapo_learner::{
     loss::{
         Aggregation, Denominators, TokenBatch,
         bapo::BapoMode,
+        rec::RecWeight,
         registry::{self, LossOptions},
     },
     stats,
@@ -53,6 +54,12 @@ pub struct LossArgs {
     /// BAPO's c_high search: START,MAX,STEP.
     #[arg(long, value_parser = parse_range)]
     pub bapo_high: Option<[f64; 3]>,
+    /// REC's weight of in-range tokens: none (NoIS), is, tis.
+    #[arg(long, value_enum)]
+    pub rec_weight: Option<RecWeightArg>,
+    /// REC's ring bounds ε'_l,ε'_h (TIS truncates at them too).
+    #[arg(long, value_parser = parse_pair)]
+    pub rec_ring: Option<[f64; 2]>,
     /// ε_low of fixed-bound losses (and ε_high unless given).
     #[arg(long)]
     pub clip_eps: Option<f64>,
@@ -68,13 +75,30 @@ pub struct LossArgs {
     pub agg: Option<String>,
 }
 
-/// `START,MAX,STEP` as three numbers.
-fn parse_range(s: &str) -> Result<[f64; 3], String> {
-    let v: Vec<f64> = s
-        .split(',')
+/// REC's weights, as `--rec-weight` spells them.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RecWeightArg {
+    None,
+    Is,
+    Tis,
+}
+
+/// `A,B` as two numbers.
+fn parse_pair(s: &str) -> Result<[f64; 2], String> {
+    let v = parse_numbers(s)?;
+    <[f64; 2]>::try_from(v).map_err(|_| format!("{s:?}: want two numbers A,B"))
+}
+
+fn parse_numbers(s: &str) -> Result<Vec<f64>, String> {
+    s.split(',')
         .map(|x| x.trim().parse::<f64>())
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("{s:?}: {e}"))?;
+        .map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// `START,MAX,STEP` as three numbers.
+fn parse_range(s: &str) -> Result<[f64; 3], String> {
+    let v = parse_numbers(s)?;
     <[f64; 3]>::try_from(v).map_err(|_| format!("{s:?}: want START,MAX,STEP"))
 }
 
@@ -226,6 +250,12 @@ pub fn evaluate(args: &LossArgs, text: &str) -> anyhow::Result<Value> {
         }),
         bapo_low: args.bapo_low,
         bapo_high: args.bapo_high,
+        rec_weight: args.rec_weight.map(|w| match w {
+            RecWeightArg::None => RecWeight::None,
+            RecWeightArg::Is => RecWeight::Is,
+            RecWeightArg::Tis => RecWeight::Tis,
+        }),
+        rec_ring: args.rec_ring,
         clip_eps: args.clip_eps,
         clip_eps_high: args.clip_eps_high,
         dual_clip: args.dual_clip,
@@ -305,6 +335,8 @@ mod tests {
                 bapo_rho0: None,
                 bapo_low: None,
                 bapo_high: None,
+                rec_weight: None,
+                rec_ring: None,
                 clip_eps: None,
                 clip_eps_high: None,
                 dual_clip: None,

@@ -3,9 +3,11 @@
 //! Trinity-RFT `rec_policy_loss.py`): plain REINFORCE `−A·lp_θ` on the
 //! tokens whose ratio `ρ = sg(π_θ/π_old)` is in range, zero elsewhere.
 //! Unlike PPO's clip, an out-of-range token gives no gradient whatever
-//! the sign of its advantage, and no importance weight multiplies the
-//! rest (the "NoIS" variants; Trinity's IS, TIS and advantage-weighted
-//! forms are not built).
+//! the sign of its advantage. The in-range tokens' term is weighted as
+//! Trinity's `weight` option says: not at all (NoIS, the default), by `ρ`
+//! (IS: `−A·ρ·lp_θ`), or by `ρ` truncated to the ring's outer bounds
+//! (TIS: `−A·clip(ρ, 1−ε'_l, 1+ε'_h)·lp_θ`), the weight held constant
+//! (detached) as there. Its advantage-weighted form is not built.
 //!
 //! * **one-side**: `(A ≥ 0 ∧ ρ ≤ 1+ε_h) ∨ (A ≤ 0 ∧ ρ ≥ 1−ε_l)`;
 //! * **two-side**: `1−ε_l ≤ ρ ≤ 1+ε_h`;
@@ -14,7 +16,22 @@
 //!
 //! Defaults are Trinity's: ε 0.2/0.2, ε' 0.6/2.0, token-mean.
 
+use serde::{Deserialize, Serialize};
+
 use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm, log_ratio};
+
+/// How an in-range token's term is weighted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RecWeight {
+    /// `−A·lp_θ` (the "NoIS" variants).
+    #[default]
+    None,
+    /// `−A·ρ·lp_θ`, `ρ = sg(π_θ/π_old)` (Trinity's `importance_sampling`).
+    Is,
+    /// `−A·clip(ρ, 1−ε'_l, 1+ε'_h)·lp_θ` (`truncated_importance_sampling`).
+    Tis,
+}
 
 /// Which tokens a REC loss keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +49,7 @@ pub struct Rec {
     /// The ring's outer bounds `ε'_l`, `ε'_h`.
     pub ring_low: f64,
     pub ring_high: f64,
+    pub weight: RecWeight,
     pub agg: Aggregation,
 }
 
@@ -43,7 +61,17 @@ impl Rec {
             eps_high: 0.2,
             ring_low: 0.6,
             ring_high: 2.0,
+            weight: RecWeight::None,
             agg: Aggregation::TokenMean,
+        }
+    }
+
+    /// The weight of an in-range token of ratio `rho`.
+    pub fn weight_of(&self, rho: f64) -> f64 {
+        match self.weight {
+            RecWeight::None => 1.0,
+            RecWeight::Is => rho,
+            RecWeight::Tis => rho.clamp(1.0 - self.ring_low, 1.0 + self.ring_high),
         }
     }
 
@@ -77,21 +105,25 @@ impl PolicyLoss for Rec {
     }
 
     fn compute(&self, batch: &TokenBatch, d: &Denominators) -> LossOutput {
-        let mut kept = 0.0;
+        let (mut kept, mut weights) = (0.0, 0.0);
         let terms = batch.masked_terms(|t| {
             let (a, lp) = (batch.advantages[t], batch.logp[t]);
             let rho = log_ratio(lp, batch.logp_old[t]).exp();
             if !self.in_range(a, rho) {
                 return TokenTerm::default();
             }
+            let w = self.weight_of(rho);
             kept += 1.0;
+            weights += w;
             TokenTerm {
-                loss: -a * lp,
-                grad: -a,
+                loss: -a * w * lp,
+                grad: -a * w,
             }
         });
         let mut out = LossOutput::aggregate(&terms, self.agg, batch, d);
         out.per_token_metric("rec_in_range_frac", kept, batch);
+        out.metrics
+            .insert("rec_weight_mean".into(), weights / f64::max(kept, 1.0));
         out
     }
 }
@@ -168,6 +200,62 @@ mod tests {
             .enumerate()
         {
             check_gradient(&Rec::new(range), 71 + i as u64);
+        }
+    }
+
+    /// Trinity's IS and TIS weights on V1 (values from a port of
+    /// `rec_policy_loss.py`): the weight is `ρ`, or `ρ` truncated to the
+    /// ring's `[1 − ε'_l, 1 + ε'_h]`, on the in-range tokens only.
+    #[test]
+    fn importance_weights_match_trinitys_code_on_v1() {
+        let b = v1();
+        let cases = [
+            (
+                RecRange::OneSide,
+                RecWeight::Is,
+                (0.6, 2.0),
+                0.091498,
+                [0.0, -0.075, -0.0375, -0.1375, 0.1875, 0.4375, 0.0, 0.11875],
+            ),
+            (
+                RecRange::OneSide,
+                RecWeight::Tis,
+                (0.6, 2.0),
+                0.109500,
+                [0.0, -0.075, -0.05, -0.1375, 0.1875, 0.375, 0.0, 0.11875],
+            ),
+            (
+                RecRange::Ring,
+                RecWeight::Is,
+                (0.6, 2.0),
+                -0.022838,
+                [0.0, 0.0, -0.0375, -0.1375, 0.0, 0.4375, 0.0, 0.11875],
+            ),
+            (
+                RecRange::Ring,
+                RecWeight::Tis,
+                (0.6, 2.0),
+                -0.004836,
+                [0.0, 0.0, -0.05, -0.1375, 0.0, 0.375, 0.0, 0.11875],
+            ),
+            (
+                RecRange::Ring,
+                RecWeight::Tis,
+                (0.3, 0.4),
+                0.199164,
+                [0.0, -0.0875, -0.0875, -0.1375, 0.175, 0.175, 0.0, 0.11875],
+            ),
+        ];
+        for (range, weight, (ring_low, ring_high), loss, grad) in cases {
+            let rec = Rec {
+                weight,
+                ring_low,
+                ring_high,
+                ..Rec::new(range)
+            };
+            let out = rec.compute(&b, &Denominators::of(&b));
+            close(out.loss, loss);
+            close_all(&out.grad, &grad);
         }
     }
 }

@@ -13,7 +13,7 @@ use super::{
     decoupled::Decoupled,
     gspo::Gspo,
     ppo::PpoClip,
-    rec::{Rec, RecRange},
+    rec::{Rec, RecRange, RecWeight},
     reinforce::{AsymRe, Opmd},
     remix::MixPpg,
     sapo::Sapo,
@@ -136,17 +136,17 @@ pub const ENTRIES: &[Entry] = &[
     entry(
         "rec-onesided",
         Estimator::DrGrpo,
-        "REC (Trinity-RFT rec_policy_loss.py, NoIS): no std normalisation",
+        "REC (Trinity-RFT rec_policy_loss.py; NoIS unless learner.rec_weight): no std normalisation",
     ),
     entry(
         "rec-twosided",
         Estimator::DrGrpo,
-        "REC (Trinity-RFT rec_policy_loss.py, NoIS): no std normalisation",
+        "REC (Trinity-RFT rec_policy_loss.py; NoIS unless learner.rec_weight): no std normalisation",
     ),
     entry(
         "rec-ring",
         Estimator::DrGrpo,
-        "REC (Trinity-RFT rec_policy_loss.py, NoIS): no std normalisation",
+        "REC (Trinity-RFT rec_policy_loss.py; NoIS unless learner.rec_weight): no std normalisation",
     ),
     entry(
         "spear",
@@ -185,6 +185,11 @@ pub struct LossOptions {
     /// unset, the mode's own. Refused for any other loss.
     pub bapo_low: Option<[f64; 3]>,
     pub bapo_high: Option<[f64; 3]>,
+    /// REC's weight of in-range tokens; unset, none (NoIS).
+    pub rec_weight: Option<RecWeight>,
+    /// REC's ring bounds `[ε'_l, ε'_h]` (which TIS also truncates at);
+    /// unset, Trinity's 0.6 and 2.0.
+    pub rec_ring: Option<[f64; 2]>,
     /// ε_low (and ε_high unless given separately).
     pub clip_eps: Option<f64>,
     pub clip_eps_high: Option<f64>,
@@ -281,6 +286,14 @@ impl LossOptions {
                 format!("{r} must be a share strictly between 0 and 1"),
             ));
         }
+        if let Some([low, high]) = self.rec_ring
+            && !(low > 0.0 && low <= 1.0 && high.is_finite() && high > 0.0)
+        {
+            return Err(LossError::new(
+                "rec_ring",
+                format!("[{low}, {high}] must be [ε'_l, ε'_h] with 0 < ε'_l <= 1 and ε'_h > 0"),
+            ));
+        }
         check_range("bapo_low", self.bapo_low, |start, max| {
             start > 0.0 && max < 1.0
         })?;
@@ -335,6 +348,17 @@ pub fn build_with(
             return Err(LossError::new(
                 field,
                 format!("BAPO's search setting does nothing for {name:?}"),
+            ));
+        }
+    }
+    for (field, set) in [
+        ("rec_weight", o.rec_weight.is_some()),
+        ("rec_ring", o.rec_ring.is_some()),
+    ] {
+        if set && !name.starts_with("rec-") {
+            return Err(LossError::new(
+                field,
+                format!("REC's setting does nothing for {name:?}"),
             ));
         }
     }
@@ -445,9 +469,13 @@ pub fn build_with(
             };
             let d = Rec::new(range);
             let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
+            let [ring_low, ring_high] = o.rec_ring.unwrap_or([d.ring_low, d.ring_high]);
             Box::new(Rec {
                 eps_low,
                 eps_high,
+                ring_low,
+                ring_high,
+                weight: o.rec_weight.unwrap_or_default(),
                 agg: agg(d.agg),
                 ..d
             })
