@@ -21,7 +21,7 @@ use crate::{
     device::Precision,
     kernels,
     packing::Segments,
-    rope::Rope,
+    rope::{Rope, SegmentTables},
 };
 
 /// A layer's adapters and how to apply them, when the model has any.
@@ -29,18 +29,20 @@ type LayerLora<'a> = Option<(&'a Adapters, &'a LayerAdapters)>;
 
 /// Where a pass's tokens sit: the rotary tables, and either the absolute
 /// position of the first token (after a cache) or the packed sequences of
-/// each row (`packing.rs`), whose positions restart per sequence.
+/// each row (`packing.rs`) with their tables, positions restarting per
+/// sequence.
 #[derive(Clone, Copy)]
 struct At<'a> {
     rope: &'a Rope,
     start: usize,
     segments: Option<&'a Segments>,
+    tables: Option<&'a SegmentTables>,
 }
 
 impl At<'_> {
     fn rotate(&self, x: Tensor<4>) -> Tensor<4> {
-        match self.segments {
-            Some(s) => self.rope.apply_segments(x, s),
+        match self.tables {
+            Some(t) => Rope::apply_tables(x, t),
             None => self.rope.apply(x, self.start),
         }
     }
@@ -323,10 +325,12 @@ impl Transformer {
     ) -> Tensor<2> {
         let [b, t] = tokens.dims();
         let start = cache.as_ref().map_or(0, |c| c.len());
+        let tables = segments.and_then(|s| rope.segment_tables(s));
         let at = At {
             rope,
             start,
             segments,
+            tables: tables.as_ref(),
         };
         // The residual stream is kept as `[batch·seq, hidden]` rows: every
         // projection is then one 2-D matmul that packs its weight once. As
@@ -368,10 +372,12 @@ impl Transformer {
         segments: Option<&Segments>,
     ) -> Tensor<2> {
         let lora = self.lora.as_ref().map(|a| (a, &a.layers[i]));
+        let tables = segments.and_then(|s| rope.segment_tables(s));
         let at = At {
             rope,
             start: 0,
             segments,
+            tables: tables.as_ref(),
         };
         self.layers[i].forward(x, (b, t), at, None, lora)
     }

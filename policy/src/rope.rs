@@ -10,6 +10,13 @@ use burn::prelude::*;
 
 use crate::packing::Segments;
 
+/// Rotary tables gathered for packed rows ([`Rope::segment_tables`]).
+#[derive(Debug, Clone)]
+pub struct SegmentTables {
+    cos: Tensor<4>,
+    sin: Tensor<4>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Rope {
     /// `[max_positions, head_dim]`.
@@ -59,13 +66,16 @@ impl Rope {
         Self::rotate(x, at(cos), at(sin), d)
     }
 
-    /// Rotates `x` `[rows, width, heads, head_dim]` whose rows pack
-    /// several sequences: each token at its position within its sequence.
-    pub fn apply_segments(&self, x: Tensor<4>, segments: &Segments) -> Tensor<4> {
+    /// The tables of rows that pack several sequences (`[rows, width, 1,
+    /// head_dim]` each, f32): each token at its position within its
+    /// sequence; `None` for whole rows, which [`Rope::apply`] serves. Made
+    /// once per pass and shared by every layer (it gathers on the host's
+    /// positions and uploads them).
+    pub fn segment_tables(&self, segments: &Segments) -> Option<SegmentTables> {
         if segments.is_whole() {
-            return self.apply(x, 0);
+            return None;
         }
-        let [b, t, _, d] = x.dims();
+        let (b, t, d) = (segments.rows(), segments.width(), self.cos.dims()[1]);
         let positions = segments.positions();
         let longest = positions.iter().copied().max().unwrap_or(0) as usize + 1;
         assert!(
@@ -73,16 +83,21 @@ impl Rope {
             "position {longest} beyond max_position_embeddings {}",
             self.max_positions()
         );
-        let at = Tensor::<1, Int>::from_data(TensorData::new(positions, [b * t]), &x.device());
-        let dt = x.dtype();
-        let gather = |table: &Tensor<2>| {
-            table
-                .clone()
-                .select(0, at.clone())
-                .reshape([b, t, 1, d])
-                .cast(dt)
-        };
-        Self::rotate(x, gather(&self.cos), gather(&self.sin), d)
+        let at =
+            Tensor::<1, Int>::from_data(TensorData::new(positions, [b * t]), &self.cos.device());
+        let gather = |table: &Tensor<2>| table.clone().select(0, at.clone()).reshape([b, t, 1, d]);
+        Some(SegmentTables {
+            cos: gather(&self.cos),
+            sin: gather(&self.sin),
+        })
+    }
+
+    /// Rotates `x` `[rows, width, heads, head_dim]` by `tables`.
+    pub fn apply_tables(x: Tensor<4>, tables: &SegmentTables) -> Tensor<4> {
+        let (d, dt) = (x.dims()[3], x.dtype());
+        let cos = tables.cos.clone().cast(dt);
+        let sin = tables.sin.clone().cast(dt);
+        Self::rotate(x, cos, sin, d)
     }
 
     fn tables(&self, start: usize, t: usize) -> (Tensor<2>, Tensor<2>) {

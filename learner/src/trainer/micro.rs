@@ -35,14 +35,15 @@ pub(super) struct Limits {
 /// Indices of the rows (of lengths `lens`) of each pass, ascending
 /// within a pass.
 pub(super) fn plan(lens: &[usize], limits: Limits) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..lens.len()).collect();
-    if limits.tokens > 0 && !limits.in_order {
-        // Longest first. Cutting this order wherever the next row does not
-        // fit is first-fit decreasing: a pass a row did not fit never takes
-        // a later (shorter) one, as its limit depends on its first row and
-        // its count only.
-        order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
-    }
+    // Longest first under a budget. Cutting this order wherever the next
+    // row does not fit is first-fit decreasing: a pass a row did not fit
+    // never takes a later (shorter) one, as its limit depends on its first
+    // row and its count only.
+    let order = if limits.tokens > 0 && !limits.in_order {
+        longest_first(lens)
+    } else {
+        (0..lens.len()).collect()
+    };
     let (seqs, budget) = (limits.seqs.max(1), limits.tokens);
     let mut passes: Vec<Vec<usize>> = Vec::new();
     let mut longest = 0;
@@ -71,12 +72,10 @@ pub(super) fn plan(lens: &[usize], limits: Limits) -> Vec<Vec<usize>> {
 /// rows a pass, filled first-fit decreasing (longest first, each into the
 /// first pass with room). A row over the budget gets a pass of its own.
 pub(super) fn pack(lens: &[usize], limits: Limits) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..lens.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
     let (seqs, budget) = (limits.seqs.max(1), limits.tokens);
     // Each pass's tokens so far and its rows.
     let mut passes: Vec<(usize, Vec<usize>)> = Vec::new();
-    for i in order {
+    for i in longest_first(lens) {
         let len = lens[i];
         match passes
             .iter_mut()
@@ -90,6 +89,13 @@ pub(super) fn pack(lens: &[usize], limits: Limits) -> Vec<Vec<usize>> {
         }
     }
     passes.into_iter().map(|(_, rows)| rows).collect()
+}
+
+/// Row indices, longest first (ties in order).
+fn longest_first(lens: &[usize]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+    order
 }
 
 /// Padded tokens of a plan: what its passes compute on.

@@ -240,6 +240,15 @@ struct Mat {
 }
 
 impl Mat {
+    /// Row-major rows of `data`, `rs` apart.
+    fn rows(data: &[f32], rs: isize) -> Mat {
+        Mat {
+            ptr: data.as_ptr(),
+            rs,
+            cs: 1,
+        }
+    }
+
     fn t(self) -> Mat {
         Mat {
             ptr: self.ptr,
@@ -486,16 +495,8 @@ fn attention_forward(
         // starting at column `s0` (one segment from 0: plain causal).
         for (s0, len) in segments.of_row(bi) {
             let kv_off = (bi * cap * kv + g) * d + s0 * kv * d;
-            let k_mat = Mat {
-                ptr: ks[kv_off..].as_ptr(),
-                rs: kv_rs,
-                cs: 1,
-            };
-            let v_mat = Mat {
-                ptr: vs[kv_off..].as_ptr(),
-                rs: kv_rs,
-                cs: 1,
-            };
+            let k_mat = Mat::rows(&ks[kv_off..], kv_rs);
+            let v_mat = Mat::rows(&vs[kv_off..], kv_rs);
             for head in g * rep..(g + 1) * rep {
                 let q_off = (bi * t * h + head) * d + s0 * h * d;
                 let lse_off = (bi * h + head) * t + s0;
@@ -524,11 +525,7 @@ fn attention_forward(
                             );
                             continue;
                         }
-                        let q_mat = Mat {
-                            ptr: qs[row0..].as_ptr(),
-                            rs: q_rs,
-                            cs: 1,
-                        };
+                        let q_mat = Mat::rows(&qs[row0..], q_rs);
                         let s = &mut s[..m * n];
                         mm(
                             m,
@@ -542,11 +539,7 @@ fn attention_forward(
                             scale,
                         );
                         causal_softmax_rows(s, n, offset + r0, lse_rows);
-                        let p = Mat {
-                            ptr: s.as_ptr(),
-                            rs: n as isize,
-                            cs: 1,
-                        };
+                        let p = Mat::rows(s, n as isize);
                         mm(m, d, n, out_p.at(row0), q_rs, false, p, v_mat, 1.0);
                     }
                 }
@@ -616,16 +609,8 @@ fn attention_backward(
         let mut delta = vec![0.0f32; block];
         for (s0, len) in segments.of_row(bi) {
             let kv_off = (bi * t * kv + g) * d + s0 * kv * d;
-            let k_mat = Mat {
-                ptr: ks[kv_off..].as_ptr(),
-                rs: kv_rs,
-                cs: 1,
-            };
-            let v_mat = Mat {
-                ptr: vs[kv_off..].as_ptr(),
-                rs: kv_rs,
-                cs: 1,
-            };
+            let k_mat = Mat::rows(&ks[kv_off..], kv_rs);
+            let v_mat = Mat::rows(&vs[kv_off..], kv_rs);
             for head in g * rep..(g + 1) * rep {
                 let q_off = (bi * t * h + head) * d + s0 * h * d;
                 let lse_off = (bi * h + head) * t + s0;
@@ -633,16 +618,8 @@ fn attention_backward(
                     let m = QUERY_BLOCK.min(len - r0);
                     let n = r0 + m;
                     let row0 = q_off + r0 * h * d;
-                    let q_mat = Mat {
-                        ptr: qs[row0..].as_ptr(),
-                        rs: q_rs,
-                        cs: 1,
-                    };
-                    let do_mat = Mat {
-                        ptr: gs[row0..].as_ptr(),
-                        rs: q_rs,
-                        cs: 1,
-                    };
+                    let q_mat = Mat::rows(&qs[row0..], q_rs);
+                    let do_mat = Mat::rows(&gs[row0..], q_rs);
                     for (i, dl) in delta[..m].iter_mut().enumerate() {
                         let at = row0 + i * h * d;
                         *dl = dot(&gs[at..at + d], &os[at..at + d]);
@@ -681,16 +658,8 @@ fn attention_backward(
                             &ls[lse_off + r0..lse_off + n],
                             &delta[..m],
                         );
-                        let p = Mat {
-                            ptr: s.as_ptr(),
-                            rs: n as isize,
-                            cs: 1,
-                        };
-                        let ds = Mat {
-                            ptr: dp.as_ptr(),
-                            rs: n as isize,
-                            cs: 1,
-                        };
+                        let p = Mat::rows(s, n as isize);
+                        let ds = Mat::rows(dp, n as isize);
                         // dV[0..n] += Pᵀ dO ; dK[0..n] += scale · dSᵀ Q ; dQ = scale · dS K.
                         mm(n, d, m, dv_p.at(kv_off), kv_rs, true, p.t(), do_mat, 1.0);
                         mm(n, d, m, dk_p.at(kv_off), kv_rs, true, ds.t(), q_mat, scale);
