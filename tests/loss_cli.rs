@@ -195,3 +195,29 @@ fn remix_and_spear_on_their_vectors() {
         "{err}"
     );
 }
+
+/// Turn-PPO on the hand vector T4 of `turn_ppo.rs`: two turns of one
+/// episode around a masked observation, one single-turn episode; without
+/// `turn_ids` the first episode's two turns share one ratio instead.
+#[test]
+fn turn_ppo_reads_turn_ids() {
+    let input = "tests/fixtures/loss/t4_turn_ppo.json";
+    let (ok, doc, err) = bapo_loss(&["--algo", "turn-ppo", "--input", input]);
+    assert!(ok, "{err}");
+    close(&doc["loss"], -0.284282);
+    close(&doc["grad"][3], -0.142141);
+    close(&doc["metrics"]["turns"], 3.0);
+    let text = std::fs::read_to_string(input).unwrap();
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    v.as_object_mut().unwrap().remove("turn_ids");
+    let dir = tempfile::tempdir().unwrap();
+    let one_turn = dir.path().join("one_turn.json");
+    std::fs::write(&one_turn, v.to_string()).unwrap();
+    let (ok, doc, err) = bapo_loss(&["--algo", "turn-ppo", "--input", one_turn.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    close(&doc["metrics"]["turns"], 2.0);
+    v["turn_ids"] = serde_json::json!([0, 1]);
+    std::fs::write(&one_turn, v.to_string()).unwrap();
+    let (ok, _, err) = bapo_loss(&["--algo", "turn-ppo", "--input", one_turn.to_str().unwrap()]);
+    assert!(!ok && err.contains("turn_ids"), "{err}");
+}

@@ -27,10 +27,10 @@ use crate::{
     advantage::batch_advantages,
     config::{ConfigError, LearnerConfig, Proximal, SearchScope},
     grads::clip_global_norm,
-    loss::{Denominators, LossError, LossOutput, PolicyLoss, TokenBatch},
+    loss::{Denominators, LossError, LossOutput, PolicyLoss, TokenBatch, registry},
     memory,
     record::Metric,
-    rollouts::TrainGroup,
+    rollouts::{Sequence, TrainGroup},
     spear::SpearMemory,
     stats::{mismatch_metrics, ratio_metrics},
     vcpo::{LrRule, RHO_BASE, lr_scale},
@@ -161,7 +161,9 @@ impl Prepared {
 }
 
 /// Rows, the token batch without current log-probs, and data metrics.
-type Layout = (Vec<Row>, TokenBatch, BTreeMap<String, f64>);
+/// Rows, the token batch, the data metrics, and the policy tokens of
+/// turns whose tokens carry more than one version.
+type Layout = (Vec<Row>, TokenBatch, BTreeMap<String, f64>, Vec<usize>);
 
 /// What a pass that checkpoints layers keeps of its forward: each layer's
 /// input (no graph), and the last layer's output as the tracked leaf the
@@ -563,17 +565,35 @@ impl Trainer {
     /// Lays `groups` out and fixes `lp_old`: the behaviour log-probs, or
     /// (`recompute`) the current policy's, in a no-grad pass.
     pub fn prepare(&self, groups: &[TrainGroup]) -> Result<Prepared, TrainError> {
-        let (rows, mut skel, metrics) = self.layout(groups)?;
+        let (rows, mut skel, mut metrics, mixed) = self.layout(groups)?;
         // The layout's lp_old is the behaviour's; recompute moves it aside.
         if self.cfg.proximal == Proximal::Recompute {
             let lp = self.logprobs_no_grad(&rows, skel.len());
             skel.logp_behav = Some(std::mem::replace(&mut skel.logp_old, lp));
+        } else if self.turn_ratio() && !mixed.is_empty() {
+            // A turn's ratio needs one policy under it: turns sampled
+            // across a weight update take the current policy's.
+            let lp = self.logprobs_no_grad(&rows, skel.len());
+            let mut old = skel.logp_old.clone();
+            for &t in &mixed {
+                old[t] = lp[t];
+            }
+            skel.logp_behav = Some(std::mem::replace(&mut skel.logp_old, old));
+        }
+        if self.turn_ratio() {
+            metrics.insert("mixed_version_turn_tokens".into(), mixed.len() as f64);
         }
         Ok(Prepared {
             rows,
             skel,
             metrics,
         })
+    }
+
+    /// Whether the loss's ratio is one per turn (its registry entry's
+    /// `turn_ratio`).
+    fn turn_ratio(&self) -> bool {
+        registry::entry_of(&self.cfg.algo).is_ok_and(|e| e.turn_ratio)
     }
 
     /// Response-token log-probs of `rows` under the current weights,
@@ -831,7 +851,7 @@ impl Trainer {
         let mut skel = TokenBatch::default();
         let mut behav = Vec::new();
         let (mut stale, mut lens, mut all_rewards) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut turns, mut model_lens) = (Vec::new(), Vec::new());
+        let (mut turns, mut model_lens, mut mixed) = (Vec::new(), Vec::new(), Vec::new());
         for (g, a) in groups.iter().zip(&adv.groups) {
             all_rewards.extend(g.sequences.iter().map(|s| s.reward as f64));
             stale.extend(g.staleness(self.version));
@@ -886,12 +906,14 @@ impl Trainer {
                 lens.push(s.response.len() as f64);
                 turns.push(s.turns.last().map_or(1.0, |&t| f64::from(t) + 1.0));
                 let mut own = 0usize;
+                mixed.extend(mixed_turn_tokens(s).map(|j| skel.advantages.len() + j));
                 for (j, &lp) in s.behavior_logprobs.iter().enumerate() {
                     let policy = s.is_policy_token(j);
                     own += usize::from(policy);
                     skel.advantages.push(adv);
                     skel.mask.push(policy);
                     skel.seq_ids.push(seq);
+                    skel.turn_ids.push(s.turns.get(j).copied().unwrap_or(0));
                     behav.push((lp as f64).min(0.0));
                 }
                 model_lens.push(own as f64);
@@ -925,7 +947,7 @@ impl Trainer {
             "zero_variance_groups".into(),
             adv.zero_variance_groups as f64,
         );
-        Ok((rows, skel, m))
+        Ok((rows, skel, m, mixed))
     }
 
     /// The KL penalties of this batch: (frozen policy, coefficient,
@@ -1024,7 +1046,21 @@ fn token_batch(skel: &TokenBatch, lp: Vec<f64>) -> Result<TokenBatch, TrainError
         skel.logp_behav.clone(),
         Some(skel.mask.clone()),
         Some(skel.seq_ids.clone()),
-    )?)
+    )?
+    .with_turns(skel.turn_ids.clone())?)
+}
+
+/// Response positions of `s`'s policy tokens in turns sampled under more
+/// than one policy version (a weight update mid-turn, `mode = "partial"`).
+fn mixed_turn_tokens(s: &Sequence) -> impl Iterator<Item = usize> + '_ {
+    let mut versions: BTreeMap<u32, (u32, bool)> = BTreeMap::new();
+    let policy = (0..s.response.len()).filter(|&j| s.is_policy_token(j));
+    for j in policy.clone() {
+        let turn = s.turns.get(j).copied().unwrap_or(0);
+        let e = versions.entry(turn).or_insert((s.versions[j], false));
+        e.1 |= e.0 != s.versions[j];
+    }
+    policy.filter(move |&j| versions[&s.turns.get(j).copied().unwrap_or(0)].1)
 }
 
 /// `groups` in `k` contiguous shares of whole groups, as even as can be
@@ -1044,7 +1080,12 @@ fn slice(b: &TokenBatch, range: Range<usize>) -> TokenBatch {
         logp_old: b.logp_old[range.clone()].to_vec(),
         logp_behav: b.logp_behav.as_ref().map(|v| v[range.clone()].to_vec()),
         mask: b.mask[range.clone()].to_vec(),
-        seq_ids: b.seq_ids[range].to_vec(),
+        seq_ids: b.seq_ids[range.clone()].to_vec(),
+        turn_ids: b
+            .turn_ids
+            .get(range)
+            .map(<[u32]>::to_vec)
+            .unwrap_or_default(),
     }
 }
 

@@ -80,6 +80,34 @@ trains_on! {
     rec_trains_on_advantages_without_std: "rec-ring" => MEAN_ONLY;
     spear_trains_on_advantages_without_std: "spear" => MEAN_ONLY;
     remix_trains_on_grpo_advantages: "remix" => GRPO;
+    turn_ppo_trains_on_grpo_advantages: "turn-ppo" => GRPO;
+}
+
+/// Turn-PPO under `proximal = "behavior"`: the turn ids reach the loss's
+/// batch, and a turn sampled across a weight update (versions 0 then 1)
+/// takes the current policy's log-probs as its `lp_old`, while turns of
+/// one version keep the behaviour's.
+#[test]
+fn a_turn_sampled_across_an_update_gets_one_proximal_policy() {
+    let behaviour = tiny_policy(46);
+    let start = tiny_policy(47);
+    let mut gs = groups(&behaviour, 1);
+    for s in &mut gs[0].sequences {
+        s.turns = vec![0, 0, 1];
+    }
+    gs[0].sequences[0].versions = vec![0, 1, 1];
+    let t = Trainer::new(config("turn-ppo"), copy(&start), 1).unwrap();
+    let p = t.prepare(&gs).unwrap();
+    let (current, behav) = (flat_logprobs(&start, &gs), flat_logprobs(&behaviour, &gs));
+    for (k, got) in p.logp_old().iter().enumerate() {
+        let want = if k < 2 { current[k] } else { behav[k] };
+        assert!((got - want).abs() < 1e-5, "token {k}: {got} vs {want}");
+    }
+    assert!((current[0] - behav[0]).abs() > 1e-3, "the policies differ");
+    let back = t.backward(&p).unwrap();
+    assert_eq!(back.batch.turn_ids, [0, 0, 1].repeat(4));
+    assert_eq!(back.metrics["mixed_version_turn_tokens"], 2.0);
+    assert_eq!(back.loss.metrics["turns"], 8.0);
 }
 
 #[test]

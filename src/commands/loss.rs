@@ -2,7 +2,8 @@
 //! checks against Python implementations (verl and friends).
 //!
 //! Input: `{"advantages": [...], "logp_old": [...], "logp": [...],
-//! "logp_behav": [...]?, "mask": [...]?, "seq_ids": [...]?}`; Python's
+//! "logp_behav": [...]?, "mask": [...]?, "seq_ids": [...]?, "turn_ids": [...]?}`
+//! (`turn_ids`: each token's turn in its sequence, for `turn-ppo`); Python's
 //! `json.dumps` spellings `NaN`, `Infinity` and `-Infinity` are read too, so
 //! that a bad value is reported by field and index rather than as a JSON
 //! syntax error. Output: `{"loss", "grad", "metrics"}` (non-finite metrics
@@ -192,6 +193,7 @@ pub fn parse_batch(text: &str) -> anyhow::Result<TokenBatch> {
         "logp_behav",
         "mask",
         "seq_ids",
+        "turn_ids",
     ];
     if let Some(k) = obj.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         bail!("{k}: unknown field (known: {})", KNOWN.join(", "));
@@ -209,20 +211,8 @@ pub fn parse_batch(text: &str) -> anyhow::Result<TokenBatch> {
                 .collect::<anyhow::Result<Vec<bool>>>()
         })
         .transpose()?;
-    let seq_ids = array(&obj, "seq_ids")?
-        .map(|a| {
-            a.iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.as_u64()
-                        .and_then(|x| u32::try_from(x).ok())
-                        .with_context(|| {
-                            format!("seq_ids[{i}]: expected a non-negative integer, got {v}")
-                        })
-                })
-                .collect::<anyhow::Result<Vec<u32>>>()
-        })
-        .transpose()?;
+    let seq_ids = ids(&obj, "seq_ids")?;
+    let turn_ids = ids(&obj, "turn_ids")?;
     Ok(TokenBatch::new(
         required(&obj, "advantages")?,
         required(&obj, "logp")?,
@@ -230,7 +220,26 @@ pub fn parse_batch(text: &str) -> anyhow::Result<TokenBatch> {
         floats(&obj, "logp_behav")?,
         mask,
         seq_ids,
-    )?)
+    )?
+    .with_turns(turn_ids.unwrap_or_default())?)
+}
+
+/// An optional array of non-negative integer ids.
+fn ids(obj: &serde_json::Map<String, Value>, key: &str) -> anyhow::Result<Option<Vec<u32>>> {
+    array(obj, key)?
+        .map(|a| {
+            a.iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.as_u64()
+                        .and_then(|x| u32::try_from(x).ok())
+                        .with_context(|| {
+                            format!("{key}[{i}]: expected a non-negative integer, got {v}")
+                        })
+                })
+                .collect()
+        })
+        .transpose()
 }
 
 /// Computes the loss and returns the output document.

@@ -18,6 +18,7 @@ pub mod reinforce;
 pub mod remix;
 pub mod sapo;
 pub mod tis;
+pub mod turn_ppo;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -57,6 +58,9 @@ pub struct TokenBatch {
     pub mask: Vec<bool>,
     /// Sequence of each token, for sequence-level aggregation and ratios.
     pub seq_ids: Vec<u32>,
+    /// Turn of each token within its sequence (multi-turn episodes, for
+    /// turn-level ratios); empty: every sequence is one turn.
+    pub turn_ids: Vec<u32>,
 }
 
 impl TokenBatch {
@@ -121,7 +125,31 @@ impl TokenBatch {
             logp_behav,
             mask,
             seq_ids,
+            turn_ids: Vec::new(),
         })
+    }
+
+    /// The batch with a turn id per token, refused unless there is one
+    /// per token.
+    pub fn with_turns(mut self, turn_ids: Vec<u32>) -> Result<Self, LossError> {
+        if !turn_ids.is_empty() && turn_ids.len() != self.len() {
+            return Err(LossError::new(
+                "turn_ids",
+                format!(
+                    "has {} entries but advantages has {}",
+                    turn_ids.len(),
+                    self.len()
+                ),
+            ));
+        }
+        self.turn_ids = turn_ids;
+        Ok(self)
+    }
+
+    /// Token `t`'s turn: its sequence and its turn id in it (0 without
+    /// turn ids).
+    pub fn turn_of(&self, t: usize) -> (u32, u32) {
+        (self.seq_ids[t], self.turn_ids.get(t).copied().unwrap_or(0))
     }
 
     pub fn len(&self) -> usize {

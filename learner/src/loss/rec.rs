@@ -149,6 +149,7 @@ mod tests {
             logp_behav: None,
             mask: vec![true; 8],
             seq_ids: vec![0, 0, 0, 0, 1, 1, 1, 1],
+            turn_ids: Vec::new(),
         }
     }
 

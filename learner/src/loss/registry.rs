@@ -18,6 +18,7 @@ use super::{
     remix::MixPpg,
     sapo::Sapo,
     tis::{IsCorrection, Tis, TisLevel},
+    turn_ppo::TurnPpo,
 };
 
 pub const NAMES: &[&str] = &[
@@ -38,6 +39,7 @@ pub const NAMES: &[&str] = &[
     "rec-ring",
     "spear",
     "remix",
+    "turn-ppo",
 ];
 
 /// What a loss trains on unless the config says otherwise, and what it
@@ -54,6 +56,11 @@ pub struct Entry {
     /// regulariser): with `lp_old` recomputed and one update per batch,
     /// `r ≡ 1` and the loss degenerates to plain policy gradient.
     pub uses_ratio: bool,
+    /// The ratio is one per turn (the mean log-ratio of its tokens): a
+    /// turn's `lp_old` must be one policy's, so under `proximal =
+    /// "behavior"` a turn whose tokens carry several versions gets
+    /// recomputed proximal log-probs.
+    pub turn_ratio: bool,
     /// Where the defaults come from (spec section and source).
     pub source: &'static str,
 }
@@ -64,6 +71,7 @@ const fn entry(name: &'static str, estimator: Estimator, source: &'static str) -
         estimator,
         needs_behaviour: false,
         uses_ratio: true,
+        turn_ratio: false,
         source,
     }
 }
@@ -159,6 +167,14 @@ pub const ENTRIES: &[Entry] = &[
             "remix",
             Estimator::Grpo,
             "ReMix-GRPO (spec §2.13, survey notes §4; secondary sources)",
+        )
+    },
+    Entry {
+        turn_ratio: true,
+        ..entry(
+            "turn-ppo",
+            Estimator::Grpo,
+            "Turn-PPO (ST-PPO, spec §2.12): turn-level ratio; critic-free here, the group's outcome advantage broadcast",
         )
     },
 ];
@@ -396,6 +412,16 @@ pub fn build_with(
         "grpo" => Box::new(ppo_like(PpoClip::grpo())),
         "dr-grpo" => Box::new(ppo_like(PpoClip::dr_grpo())),
         "dapo" => Box::new(ppo_like(PpoClip::dapo())),
+        "turn-ppo" => {
+            let d = TurnPpo::default();
+            let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
+            Box::new(TurnPpo {
+                eps_low,
+                eps_high,
+                dual_clip: o.dual(d.dual_clip),
+                agg: agg(d.agg),
+            })
+        }
         "gspo" => {
             let d = Gspo::default();
             let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
@@ -607,6 +633,7 @@ mod tests {
             ("rec-ring", DrGrpo, TokenMean),
             ("spear", DrGrpo, SeqMeanTokenSumNorm),
             ("remix", Grpo, TokenMean),
+            ("turn-ppo", Grpo, TokenMean),
         ];
         assert_eq!(want.len(), NAMES.len());
         for (name, est, agg) in want {

@@ -107,8 +107,18 @@ pub fn random_batch(seed: u64) -> TokenBatch {
 /// Differences that straddle a clip boundary are skipped (the loss has a
 /// kink there), but at least most tokens must be checked.
 pub fn check_gradient(loss: &dyn PolicyLoss, seed: u64) {
+    check_gradient_with(loss, seed, |b| b);
+}
+
+/// [`check_gradient`] on random batches reshaped by `shape` (turn ids,
+/// say).
+pub fn check_gradient_with(
+    loss: &dyn PolicyLoss,
+    seed: u64,
+    shape: impl Fn(TokenBatch) -> TokenBatch,
+) {
     for k in 0..4 {
-        let b = random_batch(seed * 100 + k);
+        let b = shape(random_batch(seed * 100 + k));
         let d = Denominators::of(&b);
         let out = loss.compute(&b, &d);
         let h = 1e-6;
