@@ -37,6 +37,7 @@ use crate::{
 };
 
 mod host_loss;
+mod kl;
 mod micro;
 mod pass;
 mod replay;
@@ -983,8 +984,7 @@ impl Trainer {
             self.cfg.temperature,
         ));
         let ref_lp = Tensor::<2>::from_data(TensorData::new(ref_lp, [b, t]), &self.device);
-        let d = ref_lp.sub(lp);
-        d.clone().exp().sub(d).sub_scalar(1.0).mul(mask).sum()
+        kl::low_var_kl(ref_lp.sub(lp)).mul(mask).sum()
     }
 
     /// Bytes in use and reserved by the device's memory pools, where the
