@@ -447,6 +447,41 @@ fn micro_batch_search_scope_uses_global_denominators() {
     }
 }
 
+/// Per-micro-batch search records each micro-batch's own choices beside
+/// the step's means, and says which had nothing to train on: here the
+/// second group's rewards are all 1, so all its advantages are 0.
+#[test]
+fn micro_batch_search_records_each_micro_batchs_bounds() {
+    use bapo_learner::config::SearchScope;
+    let stale = tiny_policy(18);
+    let mut groups: Vec<_> = (0..2).map(|i| group(&stale, i, 0)).collect();
+    for s in &mut groups[1].sequences {
+        s.reward = 1.0;
+    }
+    let mut cfg = config("bapo");
+    cfg.search_scope = SearchScope::MicroBatch;
+    cfg.micro_batch_seqs = 4;
+    cfg.filter_zero_variance = false;
+    let t = Trainer::new(cfg, tiny_policy(19), 0).unwrap();
+    let m = t.gradients(&groups).unwrap().loss.metrics;
+    assert_eq!((m["empty_mb0"], m["empty_mb1"]), (0.0, 1.0));
+    for key in [
+        "c_low",
+        "c_high",
+        "search_steps",
+        "target_met",
+        "pos_fraction",
+    ] {
+        for i in 0..2 {
+            assert!(
+                m.contains_key(&format!("{key}_mb{i}")),
+                "{key}_mb{i}: {m:?}"
+            );
+        }
+    }
+    assert!(!m.contains_key("empty_mb2"));
+}
+
 /// A two-turn episode: the model's turn, an environment's observation
 /// (masked), the model's answer; its behaviour log-probs of the
 /// observation set to `obs_lp`.

@@ -9,7 +9,19 @@ use std::collections::BTreeMap;
 use bapo_policy::burn::prelude::*;
 
 use super::{Pass, TrainError, compute_loss, slice, to_host, token_batch};
-use crate::loss::{Denominators, LossOutput, PolicyLoss, TokenBatch};
+use crate::{
+    loss::{Denominators, LossOutput, PolicyLoss, TokenBatch},
+    record::Metric,
+};
+
+/// The loss metrics also kept per micro-batch: a bound search's choices.
+const PER_MICRO: [Metric; 5] = [
+    Metric::CLow,
+    Metric::CHigh,
+    Metric::SearchSteps,
+    Metric::TargetMet,
+    Metric::PosFraction,
+];
 
 pub(super) struct HostLoss<'a> {
     loss: &'a dyn PolicyLoss,
@@ -24,6 +36,8 @@ pub(super) struct HostLoss<'a> {
     grad: Vec<f64>,
     loss_sum: f64,
     metric_sums: BTreeMap<String, f64>,
+    /// Micro-batches done (per micro-batch only).
+    micro: usize,
 }
 
 impl<'a> HostLoss<'a> {
@@ -44,6 +58,7 @@ impl<'a> HostLoss<'a> {
             grad: vec![0.0; n],
             loss_sum: 0.0,
             metric_sums: BTreeMap::new(),
+            micro: 0,
         }
     }
 
@@ -71,6 +86,7 @@ impl<'a> HostLoss<'a> {
             let (o, _) = compute_loss(self.loss, &sub, lp, &self.denoms)?;
             self.grad[range.clone()].copy_from_slice(&o.grad);
             self.loss_sum += o.loss;
+            self.record_own(&o, &sub);
             for (k, v) in o.metrics {
                 *self.metric_sums.entry(k).or_default() += v * range.len() as f64 / n as f64;
             }
@@ -83,6 +99,27 @@ impl<'a> HostLoss<'a> {
             Some((o, _)) => &o.grad,
             None => &self.grad,
         })
+    }
+
+    /// The search's own choices of this micro-batch, beside the step's
+    /// token-weighted means: `<key>_mb<i>`, and `empty_mb<i>` (1: every
+    /// trained token's advantage is 0, so no bound can matter). A mean of
+    /// one micro-batch at its limit and one at its start is neither.
+    fn record_own(&mut self, o: &LossOutput, sub: &TokenBatch) {
+        let i = self.micro;
+        self.micro += 1;
+        for key in PER_MICRO {
+            if let Some(&v) = o.metrics.get(key.key()) {
+                self.metric_sums.insert(format!("{}_mb{i}", key.key()), v);
+            }
+        }
+        let empty = sub
+            .advantages
+            .iter()
+            .zip(&sub.mask)
+            .all(|(&a, &m)| !m || a == 0.0);
+        self.metric_sums
+            .insert(format!("empty_mb{i}"), f64::from(u8::from(empty)));
     }
 
     /// The step's loss and the token batch it was computed on.

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::{
     arms::Arm,
-    episode::{ArmRun, StepRow},
+    episode::{ArmRun, MicroSearch, StepRow},
     stats::{Welch, mean_sd, slope, welch},
 };
 
@@ -34,18 +34,27 @@ pub struct ArmSummary {
     pub clip_frac_high: Vec<f64>,
     /// Steps whose gradient norm exceeds 3 × the run's median.
     pub grad_spikes: Vec<f64>,
-    /// BAPO arms: share of steps at the start window, moved and meeting
-    /// the target, and exhausted (target missed at the search's end).
+    /// BAPO arms: share of searches at the start window, moved and
+    /// meeting the target, exhausted (target missed at the search's end),
+    /// and empty.
     pub regimes: Option<Regimes>,
     /// Mean ± sd over seeds of each endpoint above.
     pub mean_sd: Vec<(String, f64, f64)>,
 }
 
+/// Shares of a BAPO arm's searches: per update, or per micro-batch where
+/// the search ran per micro-batch (so that no share is a mean of a
+/// micro-batch at its limit and one at its start).
 #[derive(Debug, Clone, Serialize)]
 pub struct Regimes {
+    /// The start window met the target, with something to train on.
     pub start: f64,
     pub moved: f64,
     pub exhausted: f64,
+    /// Nothing to train on (every advantage 0; per update: no gradient):
+    /// the search reports these as met at its start window, and they are
+    /// counted apart.
+    pub empty: f64,
     /// The same runs by quarter of their length: where in a run the search
     /// engages (training can erase the long failures it answers to).
     pub by_quarter: Vec<Quarter>,
@@ -106,22 +115,7 @@ pub(super) fn summarise(arm: &Arm, runs: &[&ArmRun]) -> ArmSummary {
         let m = median(&norms);
         norms.iter().filter(|&&g| g > 3.0 * m).count() as f64
     };
-    let regimes = (arm.algo == "bapo").then(|| {
-        let steps = || runs.iter().flat_map(|r| r.steps.iter());
-        let n = steps().count().max(1) as f64;
-        let count = |f: &dyn Fn(f64, f64) -> bool| {
-            steps()
-                .filter(|s| f(s.search_steps.unwrap_or(0.0), s.target_met.unwrap_or(1.0)))
-                .count() as f64
-                / n
-        };
-        Regimes {
-            start: count(&|k, _| k == 0.0),
-            moved: count(&|k, met| k > 0.0 && met > 0.0),
-            exhausted: count(&|_, met| met == 0.0),
-            by_quarter: quarters(runs),
-        }
-    });
+    let regimes = (arm.algo == "bapo").then(|| regimes(runs));
     let mut s = ArmSummary {
         arm: arm.id.to_string(),
         label: arm.label.to_string(),
@@ -157,6 +151,46 @@ pub(super) fn summarise(arm: &Arm, runs: &[&ArmRun]) -> ArmSummary {
 }
 
 /// [`Quarter`]s of `runs`, each run cut by its own number of batches.
+fn regimes(runs: &[&ArmRun]) -> Regimes {
+    let searches: Vec<MicroSearch> = runs
+        .iter()
+        .flat_map(|r| r.steps.iter().flat_map(searches_of))
+        .collect();
+    let n = searches.len().max(1) as f64;
+    let share =
+        |f: &dyn Fn(&MicroSearch) -> bool| searches.iter().filter(|s| f(s)).count() as f64 / n;
+    Regimes {
+        start: share(&|s| !s.empty && s.search_steps == 0.0),
+        moved: share(&|s| !s.empty && s.search_steps > 0.0 && s.target_met > 0.0),
+        exhausted: share(&|s| !s.empty && s.target_met == 0.0),
+        empty: share(&|s| s.empty),
+        by_quarter: quarters(runs),
+    }
+}
+
+/// An update's searches: its micro-batches' where it kept them, else the
+/// update's own (empty when it had no gradient).
+fn searches_of(s: &StepRow) -> Vec<MicroSearch> {
+    if !s.micro.is_empty() {
+        return s.micro.clone();
+    }
+    vec![MicroSearch {
+        search_steps: s.search_steps.unwrap_or(0.0),
+        target_met: s.target_met.unwrap_or(1.0),
+        c_low: s.c_low.unwrap_or(f64::NAN),
+        c_high: s.c_high.unwrap_or(f64::NAN),
+        empty: s.grad_norm == 0.0,
+    }]
+}
+
+impl Regimes {
+    /// The start window missed the target (Gate 1's reading, as
+    /// registered: an empty search counts as met at the start).
+    pub fn start_window_missed(&self) -> f64 {
+        1.0 - self.start - self.empty
+    }
+}
+
 fn quarters(runs: &[&ArmRun]) -> Vec<Quarter> {
     let rows = || {
         runs.iter().flat_map(|r| {
@@ -214,7 +248,7 @@ pub fn analyse(arms: &[Arm], runs: &[ArmRun]) -> Analysis {
     let get = |id: &str| summaries.iter().find(|s| s.arm == id);
     let gate1 = get("f")
         .and_then(|f| f.regimes.as_ref())
-        .map(|r| 1.0 - r.start);
+        .map(Regimes::start_window_missed);
     let verdicts = hypotheses(&get);
     Analysis {
         gate1_start_window_miss: gate1,
@@ -341,6 +375,45 @@ mod tests {
         assert_eq!(a.gate1_passed, Some(true));
         let g = a.arms.iter().find(|s| s.arm == "g").unwrap();
         assert_eq!(g.seeds, 0, "arm g was not run");
+    }
+
+    /// Regimes count micro-batches where the search ran per micro-batch:
+    /// an update whose two micro-batches are one at its limit and one at
+    /// its start is one of each, not "moved"; empty searches (no gradient,
+    /// or a micro-batch with every advantage 0) are counted apart.
+    #[test]
+    fn regimes_count_micro_batches_and_empty_searches_apart() {
+        let micro = |steps: f64, met: f64, empty: bool| MicroSearch {
+            search_steps: steps,
+            target_met: met,
+            empty,
+            ..MicroSearch::default()
+        };
+        let mixed = StepRow {
+            search_steps: Some(25.0),
+            target_met: Some(0.5),
+            grad_norm: 1.0,
+            micro: vec![micro(51.0, 0.0, false), micro(0.0, 1.0, false)],
+            ..StepRow::default()
+        };
+        let with_empty = StepRow {
+            micro: vec![micro(3.0, 1.0, false), micro(0.0, 1.0, true)],
+            ..mixed.clone()
+        };
+        let no_gradient = StepRow {
+            search_steps: Some(0.0),
+            target_met: Some(1.0),
+            grad_norm: 0.0,
+            ..StepRow::default()
+        };
+        let r = ArmRun {
+            steps: vec![mixed, with_empty, no_gradient],
+            ..run("f", 0, 0.9, 0.5)
+        };
+        let g = regimes(&[&r]);
+        let got = [g.start, g.moved, g.exhausted, g.empty];
+        assert_eq!(got, [1.0 / 5.0, 1.0 / 5.0, 1.0 / 5.0, 2.0 / 5.0]);
+        assert!((g.start_window_missed() - 2.0 / 5.0).abs() < 1e-12);
     }
 
     /// Eight batches of two updates: the search engages on every update

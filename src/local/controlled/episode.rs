@@ -83,6 +83,22 @@ pub struct StepRow {
     pub target_met: Option<f64>,
     pub c_low: Option<f64>,
     pub c_high: Option<f64>,
+    /// BAPO searching per micro-batch: each micro-batch's own search (the
+    /// fields above are then token-weighted means over them); empty
+    /// otherwise, and in runs recorded before it was kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub micro: Vec<MicroSearch>,
+}
+
+/// One micro-batch's bound search.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct MicroSearch {
+    pub search_steps: f64,
+    pub target_met: f64,
+    pub c_low: f64,
+    pub c_high: f64,
+    /// Every advantage 0: nothing to train on, whatever the bounds.
+    pub empty: bool,
 }
 
 /// An arm's run on one seed.
@@ -380,7 +396,24 @@ fn step_row(t: u64, update: usize, r: &StepReport) -> StepRow {
         target_met: m(Metric::TargetMet),
         c_low: m(Metric::CLow),
         c_high: m(Metric::CHigh),
+        micro: micro_searches(r),
     }
+}
+
+/// The `<key>_mb<i>` metrics of a per-micro-batch search, in order.
+fn micro_searches(r: &StepReport) -> Vec<MicroSearch> {
+    let get = |k: &str, i: usize| r.metrics.get(&format!("{k}_mb{i}")).copied();
+    (0..)
+        .map_while(|i| {
+            Some(MicroSearch {
+                search_steps: get(Metric::SearchSteps.key(), i)?,
+                target_met: get(Metric::TargetMet.key(), i)?,
+                c_low: get(Metric::CLow.key(), i)?,
+                c_high: get(Metric::CHigh.key(), i)?,
+                empty: get("empty", i)? > 0.0,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

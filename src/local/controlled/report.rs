@@ -63,7 +63,7 @@ pub fn write(out: &Path, arms: &[Arm], runs: &[ArmRun], a: &Analysis) -> anyhow:
 
 pub(super) fn write_table(md: &mut String, arms: &[ArmSummary]) -> anyhow::Result<()> {
     md.push_str(
-        "| arm | | seeds | entropy change | final entropy | test acc | test pass@k | clip low | clip high | grad spikes | BAPO regimes (start / moved / exhausted) |\n\
+        "| arm | | seeds | entropy change | final entropy | test acc | test pass@k | clip low | clip high | grad spikes | BAPO regimes (start / moved / exhausted / empty) |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in arms {
@@ -74,7 +74,10 @@ pub(super) fn write_table(md: &mut String, arms: &[ArmSummary]) -> anyhow::Resul
                 .map_or("-".into(), |e| mean_pm_sd(e.1, e.2, digits))
         };
         let regimes = s.regimes.as_ref().map_or("-".into(), |r| {
-            format!("{:.2} / {:.2} / {:.2}", r.start, r.moved, r.exhausted)
+            format!(
+                "{:.2} / {:.2} / {:.2} / {:.2}",
+                r.start, r.moved, r.exhausted, r.empty
+            )
         });
         writeln!(
             md,

@@ -8,7 +8,7 @@
 use serde::Serialize;
 
 use super::{
-    analysis::{ALPHA, ArmSummary, GATE1_MISS, summarise},
+    analysis::{ALPHA, ArmSummary, GATE1_MISS, Regimes, summarise},
     arms::Arm,
     episode::{ArmRun, Probe, WarmRow},
     gate::Gate0,
@@ -158,7 +158,7 @@ pub fn analyse(
         .iter()
         .find(|s| s.arm == "f" && s.seeds > 0)
         .and_then(|f| f.regimes.as_ref())
-        .map(|r| 1.0 - r.start);
+        .map(Regimes::start_window_missed);
     let mut primary = contrast(runs, "f", "b", ("final_entropy", final_entropy));
     primary.p_adjusted = primary.test.as_ref().map(|t| t.p);
     let primary_holds = primary.test.as_ref().map(|t| t.p < ALPHA && t.diff > 0.0);
@@ -197,7 +197,7 @@ fn gate1_by_warm_start(arms: &[Arm], runs: &[ArmRun]) -> Vec<(u64, f64)> {
         .into_iter()
         .filter_map(|w| {
             let of_w: Vec<&ArmRun> = mine.iter().filter(|(k, _)| k.0 == w).map(|x| x.1).collect();
-            Some((w, 1.0 - summarise(f, &of_w).regimes?.start))
+            Some((w, summarise(f, &of_w).regimes?.start_window_missed()))
         })
         .collect()
 }
