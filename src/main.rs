@@ -50,6 +50,8 @@ enum Command {
     Eval(commands::eval::EvalArgs),
     /// One policy loss on a JSON batch: loss, gradient and metrics as JSON.
     Loss(commands::loss::LossArgs),
+    /// The training rollouts a run kept, filtered, as text to read.
+    Rollouts(commands::rollouts::RolloutsArgs),
     /// Benchmarks of the hot paths, each beside a reference (built with
     /// `--features bench`).
     #[cfg(feature = "bench")]
@@ -73,6 +75,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         // A pure computation: no runtime, and stdout holds only its JSON.
         Command::Loss(args) => commands::loss::run(args),
+        Command::Rollouts(args) => commands::rollouts::run(args),
         Command::Buffer(args) => run_async(commands::buffer::run(args)),
         Command::Learner(args) => run_async(commands::learner::run(args)),
         Command::Actor(args) => run_async(commands::actor::run(args)),

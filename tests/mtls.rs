@@ -495,6 +495,8 @@ async fn the_loop_runs_over_mutual_tls() {
             out: out.path().to_path_buf(),
             provenance: Default::default(),
             eval: None,
+            decode: None,
+            params: serde_json::Value::Null,
             export_final: false,
         },
         std::future::pending(),

@@ -134,4 +134,68 @@ fn bapo_run_trains_end_to_end_and_every_service_exports_metrics() {
     let jsonl = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
     assert!(jsonl.contains("\"eval_accuracy\""));
     assert!(jsonl.contains("\"c_high\""));
+    researchers_views(&out);
+}
+
+/// What a researcher looks at: TensorBoard's own reader loads the run's
+/// event files with a value per step, the evaluations and the sampled
+/// rollouts; `bapo rollouts` prints the rollouts; the report shows them.
+fn researchers_views(out: &std::path::Path) {
+    let read = Command::new("bash")
+        .args(["scripts/tensorboard.sh", "read"])
+        .arg(out.join("tensorboard"))
+        .output()
+        .unwrap();
+    assert!(
+        read.status.success(),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    let tb: serde_json::Value = serde_json::from_slice(&read.stdout).unwrap();
+    let run = &tb["runs"]["."];
+    assert_eq!(run["file_version"], 2.0, "{run}");
+    let steps = |tag: &str| -> Vec<u64> {
+        run["scalars"][tag]["steps"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no scalar {tag} in {}", run["scalars"]))
+            .iter()
+            .map(|s| s.as_u64().unwrap())
+            .collect()
+    };
+    let every: Vec<u64> = (1..=12).collect();
+    for tag in [
+        "train/loss",
+        "train/reward_mean",
+        "train/c_high",
+        "train/entropy",
+    ] {
+        assert_eq!(steps(tag), every, "{tag}");
+    }
+    assert_eq!(steps("eval/accuracy"), [0, 6, 12]);
+    let text = &run["text"]["rollouts"];
+    assert_eq!(text["steps"], serde_json::json!([6, 12]), "{}", run["text"]);
+    let table = text["values"][0].as_array().unwrap();
+    assert!(
+        table.len() >= 2,
+        "a header and at least one rollout: {table:?}"
+    );
+    assert_eq!(table[0][4], "**response**");
+
+    let kept = std::fs::read_to_string(out.join("rollouts.jsonl")).unwrap();
+    assert!(kept.lines().count() >= 2, "{kept}");
+    let shown = Command::new(env!("CARGO_BIN_EXE_bapo"))
+        .args(["rollouts", "--step", "12", "--run"])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(shown.status.success());
+    let shown = String::from_utf8(shown.stdout).unwrap();
+    assert!(shown.starts_with("step 12  group "), "{shown}");
+    assert!(shown.contains("prompt:"), "{shown}");
+    let report = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(report.contains("<h2>Sample rollouts</h2>"));
+    assert!(
+        report.contains("<details open><summary>step 12:"),
+        "rollouts of the last evaluation"
+    );
 }

@@ -178,6 +178,19 @@ pub struct LearnerConfig {
     pub eval_problems: usize,
     /// Longest response the evaluation generates.
     pub eval_max_new_tokens: usize,
+    /// Directory for TensorBoard event files (`bapo run`: the run's
+    /// `tensorboard/`); unset: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensorboard: Option<std::path::PathBuf>,
+    /// Training rollouts kept at each evaluation step for a person to read
+    /// (`rollouts.jsonl`, TensorBoard's text tab, the report): this many
+    /// rewarded and as many unrewarded; 0 keeps none.
+    #[serde(skip_serializing_if = "is_two")]
+    pub sample_rollouts: usize,
+    /// `[learner.mlflow]`: parameters and metrics to an MLflow tracking
+    /// server (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mlflow: Option<crate::tracking::mlflow::MlflowConfig>,
     pub seed: u64,
     /// `[learner.spear]`: SPEAR's memory and replay pass (algo "spear").
     pub spear: SpearConfig,
@@ -194,6 +207,10 @@ pub struct LearnerConfig {
 /// its finished runs stay reusable (and its `study.json.gz` unchanged).
 fn is_zero(n: &usize) -> bool {
     *n == 0
+}
+
+fn is_two(n: &usize) -> bool {
+    *n == 2
 }
 
 fn is_false(b: &bool) -> bool {
@@ -256,6 +273,9 @@ impl Default for LearnerConfig {
             eval_every: 10,
             eval_problems: 200,
             eval_max_new_tokens: 16,
+            tensorboard: None,
+            sample_rollouts: 2,
+            mlflow: None,
             seed: 0,
             spear: SpearConfig::default(),
             remix: RemixConfig::default(),
@@ -377,6 +397,15 @@ impl LearnerConfig {
         Ok(())
     }
 
+    /// The tracking sinks this config asks for.
+    pub fn sinks(&self) -> crate::tracking::Sinks<'_> {
+        crate::tracking::Sinks {
+            tensorboard: self.tensorboard.as_deref(),
+            sample_rollouts: self.sample_rollouts,
+            mlflow: self.mlflow.as_ref(),
+        }
+    }
+
     /// Checks what the types cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.build_loss().map_err(ConfigError::from_loss)?;
@@ -395,6 +424,9 @@ impl LearnerConfig {
         }
         self.validate_combination()?;
         self.validate_passes()?;
+        if let Some(m) = &self.mlflow {
+            m.check().map_err(|e| ConfigError::new("mlflow", e))?;
+        }
         if !(self.device_memory_gib.is_finite() && self.device_memory_gib >= 0.0) {
             return bad(
                 "device_memory_gib",

@@ -31,6 +31,7 @@ pub mod server;
 pub mod sft;
 pub mod spear;
 pub mod stats;
+pub mod tracking;
 pub mod trainer;
 pub mod vcpo;
 

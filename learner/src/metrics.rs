@@ -21,6 +21,12 @@ pub const CLIP_FRACTION: &str = "bapo_learner_clip_fraction";
 pub const BATCH_STALENESS: &str = "bapo_learner_batch_staleness";
 pub const STEP_SECONDS: &str = "bapo_learner_step_seconds";
 pub const IDLE_SECONDS: &str = "bapo_learner_idle_seconds_total";
+/// Tracking sinks closed after a failure (`tracking`), by sink.
+pub const TRACKING_FAILURES: &str = "bapo_learner_tracking_failures_total";
+/// Step records a tracking server's queue had no room for, by sink.
+pub const TRACKING_DROPPED: &str = "bapo_learner_tracking_dropped_total";
+/// Step records waiting for a tracking server, by sink.
+pub const TRACKING_QUEUED: &str = "bapo_learner_tracking_queued";
 pub const WEIGHT_SUBSCRIBERS: &str = "bapo_learner_weight_subscribers";
 pub const WEIGHT_PUBLISH_SECONDS: &str = "bapo_learner_weight_publish_seconds";
 /// Training/inference mismatch (`stats::mismatch_metrics`).
@@ -71,6 +77,18 @@ pub fn describe() {
     );
     describe_histogram!(STEP_SECONDS, Unit::Seconds, "Duration of an optimiser step");
     describe_counter!(IDLE_SECONDS, Unit::Seconds, "Time spent waiting for data");
+    describe_counter!(
+        TRACKING_FAILURES,
+        "Tracking sinks (TensorBoard, rollouts, MLflow) closed after a failure, by sink"
+    );
+    describe_counter!(
+        TRACKING_DROPPED,
+        "Step records dropped because a tracking server's queue was full, by sink"
+    );
+    describe_gauge!(
+        TRACKING_QUEUED,
+        "Step records waiting for a tracking server, by sink"
+    );
     describe_gauge!(WEIGHT_SUBSCRIBERS, "Actors subscribed to the weight stream");
     describe_histogram!(
         WEIGHT_PUBLISH_SECONDS,

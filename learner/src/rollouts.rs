@@ -25,6 +25,9 @@ pub struct Sequence {
     /// The turn of each response token; empty: one turn.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub turns: Vec<u32>,
+    /// The token budget ran out before a stop token.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
 impl Sequence {
@@ -139,6 +142,7 @@ impl TrainGroup {
                     behavior_logprobs,
                     versions,
                     reward: r.reward,
+                    truncated: r.finish_reason() == v1::FinishReason::Length,
                     ..Default::default()
                 };
                 s.check_shape().map_err(err)?;

@@ -34,7 +34,8 @@ use crate::{
     checkpoint::{self, Provenance},
     intake, metrics as names,
     record::{Metric, StepRecord},
-    rollouts::TrainGroup,
+    rollouts::{Sequence, TrainGroup},
+    tracking::{Tracking, samples::DecodeFn},
     trainer::TrainError,
 };
 
@@ -54,6 +55,12 @@ pub struct RunOptions {
     /// (`CheckpointState::provenance`), or the default for a fresh start.
     pub provenance: Provenance,
     pub eval: Option<EvalFn>,
+    /// The tokenizer's decoder, for rollouts a person can read
+    /// (`rollouts.jsonl`); `None` keeps none.
+    pub decode: Option<DecodeFn>,
+    /// The resolved configuration, logged as the MLflow run's parameters
+    /// (`Null`: the learner's own section).
+    pub params: serde_json::Value,
     /// Write the final weights in HF format to `out/final`.
     pub export_final: bool,
 }
@@ -124,6 +131,7 @@ pub async fn run<F: Future<Output = ()>>(
             .iter()
             .flat_map(|g| g.staleness(trainer.version()))
             .collect();
+        let picked = s.tracking.pick(&train, trainer.steps_done());
         let (t, result) = step_off_thread(trainer, train).await?;
         trainer = t;
         let mut reports = match result {
@@ -163,7 +171,9 @@ pub async fn run<F: Future<Output = ()>>(
             // The batch's staleness once, at its first update.
             names::record_step(report, if i == 0 { &staleness } else { &[] });
         }
-        if s.after_step(&trainer, &reports, &mut shutdown).await? {
+        if s.after_step(&trainer, &reports, &picked, &mut shutdown)
+            .await?
+        {
             trainer = s.save_off_thread(trainer).await?;
         }
     }
@@ -202,6 +212,8 @@ struct Session<'o> {
     stopped: bool,
     /// Stated in every version report: the buffer refuses another size.
     batch_groups: u32,
+    /// TensorBoard and the rollouts a person reads.
+    tracking: Tracking,
 }
 
 impl<'o> Session<'o> {
@@ -229,7 +241,20 @@ impl<'o> Session<'o> {
             earlier = provenance.lineage.entries().len() - 1,
             "learner incarnation started"
         );
+        // Without the whole configuration, the learner's own section.
+        let params = match &opts.params {
+            serde_json::Value::Null => serde_json::json!({ "learner": trainer.config() }),
+            p => p.clone(),
+        };
+        let tracking = Tracking::open(
+            &trainer.config().sinks(),
+            &opts.out,
+            opts.decode.clone(),
+            trainer.steps_done(),
+            &params,
+        )?;
         Ok(Self {
+            tracking,
             opts,
             client,
             hub,
@@ -259,6 +284,7 @@ impl<'o> Session<'o> {
                 &mut self.log,
                 &StepRecord::of_eval(0, trainer.version(), 0.0, &r),
             )?;
+            self.tracking.eval(0, &r);
             self.last_eval = r.first().map(|x| x.1);
         }
         Ok(())
@@ -289,6 +315,7 @@ impl<'o> Session<'o> {
         &mut self,
         trainer: &Trainer,
         reports: &[StepReport],
+        picked: &[(String, Sequence)],
         shutdown: &mut Shutdown<'_, F>,
     ) -> anyhow::Result<bool> {
         let cfg = trainer.config();
@@ -309,27 +336,31 @@ impl<'o> Session<'o> {
             Metric::GroupsDrawn.into(),
             self.provenance.groups_trained as f64,
         );
+        let eval_due = reached(cfg.eval_every, |r| r.step);
+        let mut results = Vec::new();
         if let Some(eval) = &self.opts.eval
-            && reached(cfg.eval_every, |r| r.step)
+            && eval_due
         {
-            let r = evaluate(eval, trainer).await?;
-            if let Some((_, acc)) = r.first() {
+            results = evaluate(eval, trainer).await?;
+            if let Some((_, acc)) = results.first() {
                 metrics::gauge!(names::EVAL_ACCURACY).set(*acc);
                 self.last_eval = Some(*acc);
             }
-            extra.extend(r);
+            extra.extend(results.iter().cloned());
+        }
+        if eval_due {
+            self.tracking.rollouts(last.step, picked);
         }
         let elapsed = self.t_start.elapsed().as_secs_f64();
         for r in reports {
-            let extra = if r.step == last.step {
-                &extra
+            let (extra, results) = if r.step == last.step {
+                (&extra, results.as_slice())
             } else {
-                &BTreeMap::new()
+                (&BTreeMap::new(), &[][..])
             };
-            write_line(
-                &mut self.log,
-                &StepRecord::of_step(r, elapsed, self.idle, extra),
-            )?;
+            let record = StepRecord::of_step(r, elapsed, self.idle, extra);
+            write_line(&mut self.log, &record)?;
+            self.tracking.step(&record, results);
             log_step(r);
         }
         Ok(reached(cfg.checkpoint_every, |r| r.step))
@@ -433,6 +464,10 @@ impl<'o> Session<'o> {
             .context("exporting the final weights panicked")??;
         }
         self.log.flush()?;
+        let tracking = self.tracking;
+        tokio::task::spawn_blocking(move || tracking.finish(true))
+            .await
+            .context("closing the tracking sinks panicked")?;
         Ok(RunSummary {
             steps: trainer.steps_done(),
             version: trainer.version(),

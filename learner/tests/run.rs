@@ -173,6 +173,8 @@ async fn run(
         out: out.to_path_buf(),
         provenance: resumed(),
         eval: None,
+        decode: None,
+        params: serde_json::Value::Null,
         export_final: false,
     };
     let run = bapo_learner::run::run(trainer, hub.clone(), opts, std::future::pending());
@@ -281,6 +283,8 @@ async fn a_stop_while_the_buffer_is_gone_is_not_a_failure() {
         out: out.path().to_path_buf(),
         provenance: Provenance::default(),
         eval: None,
+        decode: None,
+        params: serde_json::Value::Null,
         export_final: false,
     };
     let stop = tokio::time::sleep(Duration::from_millis(800));

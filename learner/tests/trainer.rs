@@ -515,6 +515,7 @@ fn episode_group(
                 reward: *reward,
                 mask: if masked { mask.to_vec() } else { Vec::new() },
                 turns: vec![0, 0, 0, 0, 0, 0, 1, 1],
+                truncated: false,
             }
         })
         .collect();

@@ -9,6 +9,7 @@ use bapo_learner::{
     checkpoint::{self, Provenance},
     run::{EvalFn, RunOptions},
     server,
+    tracking::samples::DecodeFn,
 };
 use bapo_policy::{Policy, burn::prelude::Device, tokenizer::TextTokenizer};
 use clap::Args;
@@ -105,6 +106,8 @@ pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
             out: args.out.clone(),
             provenance,
             eval,
+            decode: Some(decoder(&tokenizer)),
+            params: serde_json::to_value(&cfg)?,
             export_final: args.export_final,
         },
         telemetry::shutdown_signal(),
@@ -182,6 +185,15 @@ fn check_base(dir: &std::path::Path, policy: &Policy) -> anyhow::Result<()> {
 }
 
 /// The periodic held-out evaluation, when `[learner] eval_every` asks for one.
+/// The tokenizer as the decoder of the rollouts a person reads.
+fn decoder(tokenizer: &TextTokenizer) -> DecodeFn {
+    let t = tokenizer.clone();
+    std::sync::Arc::new(move |ids: &[u32]| {
+        t.decode(ids)
+            .unwrap_or_else(|e| format!("<undecodable: {e}>"))
+    })
+}
+
 fn eval_hook(cfg: &ConfigFile, tokenizer: &TextTokenizer) -> anyhow::Result<Option<EvalFn>> {
     // Checked even without an evaluation: a config whose stop tokens the
     // tokenizer lacks is wrong either way.

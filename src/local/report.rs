@@ -9,6 +9,7 @@ use anyhow::Context;
 use bapo_learner::record::{Metric, StepRecord};
 use plotters::prelude::*;
 
+use super::html::escape as html_escape;
 use super::summary::LocalRunSummary;
 
 /// A named series of `(step, value)`.
@@ -221,12 +222,6 @@ pub fn smooth(points: &[(f64, f64)], window: usize) -> Vec<(f64, f64)> {
     out
 }
 
-fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
 /// `0.3123` as `31.2%`.
 fn pct(x: f64) -> String {
     format!("{:.1}%", 100.0 * x)
@@ -434,7 +429,10 @@ const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:1320px;marg
     table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 10px;text-align:left}\
     td.n{text-align:right;font-variant-numeric:tabular-nums}\
     .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:12px}\
-    .charts svg{width:100%;height:auto}";
+    .charts svg{width:100%;height:auto}\
+    table.rollouts td{vertical-align:top}table.rollouts pre{white-space:pre-wrap;margin:0;\
+    max-width:560px}tr.right td:first-child{background:#e6f4ea}\
+    tr.wrong td:first-child{background:#fce8e6}span.env{color:#777}details{margin:.4em 0}";
 
 /// The page, without the charts.
 pub fn html_head(s: &LocalRunSummary, records: &[StepRecord]) -> anyhow::Result<String> {
@@ -504,7 +502,11 @@ pub fn write(out: &Path, summary: &LocalRunSummary) -> anyhow::Result<()> {
         std::fs::write(charts_dir.join(format!("{stem}.svg")), &svg)?;
         write!(html, "<div>{svg}</div>")?;
     }
-    html.push_str("</div></body></html>\n");
+    html.push_str("</div>");
+    // A run whose learner kept no samples has no file: the section says so.
+    let samples = super::rollouts::read(out).unwrap_or_default();
+    html.push_str(&super::rollouts::html_section(&samples));
+    html.push_str("</body></html>\n");
     std::fs::write(out.join("report.html"), html)?;
     Ok(())
 }

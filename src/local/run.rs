@@ -9,6 +9,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
+use bapo_learner::tracking::mlflow::{Client, MlflowConfig, RunRef};
 use bapo_policy::evaluate::EvalResult;
 
 use super::{
@@ -41,6 +42,10 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<LocalRunSummary> {
     let sft_steps = warm_start(&mut cfg, opts, &out).await?;
     let sft_seconds = t_sft.elapsed().as_secs_f64();
     let model_dir = starting_model(&mut cfg, &out)?;
+    // Researchers' view of the run: TensorBoard reads <run>/tensorboard.
+    if cfg.learner.tensorboard.is_none() {
+        cfg.learner.tensorboard = Some(out.join("tensorboard"));
+    }
     let config_path = out.join("config.toml");
     std::fs::write(&config_path, cfg.to_toml()?)?;
     let warm = evaluate(&cfg, &config_path, model_dir).await?;
@@ -98,7 +103,70 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<LocalRunSummary> {
         "report: {} (every number: summary.json)",
         out.join("report.html").display()
     );
+    if let Some(m) = cfg.learner.mlflow.clone() {
+        let dir = out.clone();
+        tokio::task::spawn_blocking(move || log_artefacts(&m, &dir))
+            .await
+            .context("uploading to MLflow panicked")?;
+    }
     Ok(summary)
+}
+
+/// The run's files as artefacts of the learner's MLflow run: the summary,
+/// the report, the metrics and rollouts, and with `log_model` the final
+/// weights. A failed upload is said, not fatal: the run is done.
+fn log_artefacts(m: &MlflowConfig, out: &Path) {
+    let Some(run) = RunRef::read(out) else {
+        eprintln!(
+            "MLflow: no {} from the learner; nothing uploaded",
+            RunRef::path(out).display()
+        );
+        return;
+    };
+    let client = Client::new(&m.uri, std::time::Duration::from_secs(60));
+    let mut files = vec![
+        "summary.json".to_string(),
+        "report.html".into(),
+        "metrics.jsonl".into(),
+        "rollouts.jsonl".into(),
+        "config.toml".into(),
+    ];
+    if m.log_model {
+        files.extend(files_under(&out.join("final"), "final"));
+    }
+    let mut sent = 0;
+    for f in &files {
+        let path = out.join(f);
+        if !path.is_file() {
+            continue;
+        }
+        match client.upload(&run, &path, f) {
+            Ok(()) => sent += 1,
+            Err(e) => eprintln!("MLflow: {f} not uploaded: {e:#}"),
+        }
+    }
+    eprintln!(
+        "MLflow: {sent} artefacts in run {} at {}",
+        run.run_id, m.uri
+    );
+}
+
+/// Paths of the files under `dir`, relative to its parent, as `prefix/...`.
+fn files_under(dir: &Path, prefix: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let name = format!("{prefix}/{}", e.file_name().to_string_lossy());
+        if e.path().is_dir() {
+            out.extend(files_under(&e.path(), &name));
+        } else {
+            out.push(name);
+        }
+    }
+    out.sort();
+    out
 }
 
 /// The supervised warm start into `<out>/sft` (unless `--init` names the

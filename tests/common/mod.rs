@@ -175,6 +175,8 @@ pub fn spawn_learner(
             out: out.to_path_buf(),
             provenance: Default::default(),
             eval: None,
+            decode: None,
+            params: serde_json::Value::Null,
             export_final: false,
         },
         std::future::pending(),
