@@ -79,7 +79,10 @@ fn main() -> anyhow::Result<()> {
         Command::Buffer(args) => run_async(commands::buffer::run(args)),
         Command::Learner(args) => run_async(commands::learner::run(args)),
         Command::Actor(args) => run_async(commands::actor::run(args)),
-        Command::Run(args) => run_async(commands::run::run(args)),
+        Command::Run(args) => {
+            telemetry::init_run_logging();
+            runtime()?.block_on(commands::run::run(args))
+        }
         Command::Study(args) => run_async(commands::study::run(args)),
         Command::Sft(args) => {
             telemetry::init_logging("info");
@@ -103,8 +106,11 @@ fn main() -> anyhow::Result<()> {
 /// Services and benchmarks: logging to stderr and a multi-threaded runtime.
 fn run_async(job: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
     telemetry::init_logging("info");
+    runtime()?.block_on(job)
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?
-        .block_on(job)
+        .build()
 }

@@ -21,6 +21,61 @@ pub fn init_logging(default: &str) {
         .try_init();
 }
 
+/// `bapo run`'s logging. Its terminal belongs to the progress bar and a
+/// short summary: only warnings and errors go to stderr (or what
+/// `RUST_LOG` asks). Everything at `info` goes, without colour, to the
+/// run's own log file once [`set_run_log`] names it (beside the services'
+/// logs); lines before that (argument checks) are not kept.
+pub fn init_run_logging() {
+    use std::io::IsTerminal;
+    use tracing_subscriber::{
+        Layer, filter::LevelFilter, layer::SubscriberExt, util::SubscriberInitExt,
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let terminal = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colour)
+        .with_filter(filter);
+    let file = tracing_subscriber::fmt::layer()
+        .with_writer(|| RunLog)
+        .with_ansi(false)
+        .with_filter(LevelFilter::INFO);
+    let _ = tracing_subscriber::registry()
+        .with(terminal)
+        .with(file)
+        .try_init();
+}
+
+static RUN_LOG: std::sync::OnceLock<std::sync::Mutex<std::fs::File>> = std::sync::OnceLock::new();
+
+/// Sends [`init_run_logging`]'s file layer to `path` (appended to).
+pub fn set_run_log(path: &std::path::Path) -> std::io::Result<()> {
+    let f = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let _ = RUN_LOG.set(std::sync::Mutex::new(f));
+    Ok(())
+}
+
+/// A writer into the run's log file, or nowhere before it is set.
+struct RunLog;
+
+impl std::io::Write for RunLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Some(f) = RUN_LOG.get() {
+            let mut f = f.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            f.write_all(buf)?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Serves `/metrics` on `addr` for everything recorded in this process.
 /// Latencies get second-scale buckets, staleness, reuse and turns integer
 /// ones, shares tenths and token counts powers of two, so Prometheus can

@@ -58,7 +58,7 @@ fn bapo_run_trains_end_to_end_and_every_service_exports_metrics() {
         .arg("--out")
         .arg(&out)
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
 
@@ -89,7 +89,19 @@ fn bapo_run_trains_end_to_end_and_every_service_exports_metrics() {
     assert_eq!(seen.len(), prefixes.len(), "metrics seen from {seen:?}");
 
     let output = child.wait_with_output().unwrap();
-    assert!(output.status.success(), "bapo run failed");
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "bapo run failed: {err}");
+    // Through a pipe: progress and the summary, no log lines or colour
+    // codes; the log lines are in the run's own log file.
+    assert!(!err.contains(" INFO "), "log lines in the output: {err}");
+    assert!(
+        !err.contains('\u{1b}'),
+        "escape codes in the output: {err:?}"
+    );
+    let log = std::fs::read_to_string(out.join("logs/run.log")).unwrap();
+    assert!(log.contains("model on cpu"), "{log}");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(!said.trim_start().starts_with('{'), "a JSON dump: {said}");
     let s = read_json(&out.join("summary.json")).expect("summary.json");
     assert_eq!(s["steps"], 12);
     assert_eq!(s["buffer"]["learner_version"], 12, "{s}");

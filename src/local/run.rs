@@ -35,6 +35,10 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<LocalRunSummary> {
     });
     let logs = out.join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    // This process's own log lines (warm start, evaluations) beside the
+    // services': the terminal keeps the progress and the summary.
+    crate::telemetry::set_run_log(&logs.join("run.log"))
+        .with_context(|| format!("opening {}", logs.join("run.log").display()))?;
     eprintln!("bapo run: {} (logs in {})", out.display(), logs.display());
 
     // 1. Warm start, and the model RL starts from.
