@@ -407,7 +407,7 @@ mod tests {
             #[test]
             fn every_loss_answers_any_batch_without_panicking(
                 text in batch(),
-                algo in prop::sample::select(registry::NAMES),
+                algo in prop::sample::select(registry::names()),
             ) {
                 if let Ok(doc) = evaluate(&args(algo), &text) {
                     prop_assert!(doc["loss"].is_number() || doc["loss"].is_null(), "{doc}");

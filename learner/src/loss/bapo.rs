@@ -25,7 +25,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::record::Metric;
 
+use super::LossError;
+use super::registry::{Entry, LossOptions, TisOptions};
 use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, ppo::clipped_loss};
+use crate::advantage::Estimator;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -316,6 +319,34 @@ impl PolicyLoss for Bapo {
         let bounds = search(&self.cfg, batch);
         self.compute_with_bounds(batch, d, &bounds)
     }
+}
+
+/// Its registry row: BAPO on GRPO's advantages.
+pub const ENTRY: Entry = Entry::new(
+    "bapo",
+    Estimator::Grpo,
+    "BAPO §5.1 (GRPO basis), official code adv_estimator=grpo, verl token-mean",
+    build,
+);
+
+/// The mode's preset with the options laid over it.
+fn build(o: &LossOptions, _: &TisOptions) -> Result<Box<dyn PolicyLoss>, LossError> {
+    let mut cfg = BapoConfig::of_mode(o.bapo_mode.unwrap_or(BapoMode::Paper));
+    cfg.dual_clip = o.dual(cfg.dual_clip);
+    cfg.agg = o.agg(cfg.agg);
+    if let Some(rho0) = o.bapo_rho0 {
+        cfg.target = match cfg.mode {
+            BapoMode::Paper => rho0,
+            BapoMode::Code | BapoMode::CodeExample => rho0 / (1.0 - rho0),
+        };
+    }
+    if let Some([start, max, step]) = o.bapo_low {
+        (cfg.low_start, cfg.low_max, cfg.low_step) = (start, max, step);
+    }
+    if let Some([start, max, step]) = o.bapo_high {
+        (cfg.high_start, cfg.high_max, cfg.high_step) = (start, max, step);
+    }
+    Ok(Box::new(Bapo { cfg }))
 }
 
 #[cfg(test)]

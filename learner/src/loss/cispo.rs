@@ -4,7 +4,9 @@
 //! `ε_high` was not published, so the default is verl's shared 0.2
 //! (ScaleRL reports performance flat for an upper bound of 4 to 8).
 
+use super::registry::Entry;
 use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm};
+use crate::advantage::Estimator;
 
 #[derive(Debug, Clone)]
 pub struct Cispo {
@@ -52,6 +54,21 @@ impl PolicyLoss for Cispo {
         out
     }
 }
+
+pub const ENTRY: Entry = Entry::new(
+    "cispo",
+    Estimator::Grpo,
+    "MiniMax-M1 (spec §2.7), verl compute_policy_loss_cispo",
+    |o, _| {
+        let d = Cispo::default();
+        let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
+        Ok(Box::new(Cispo {
+            eps_low,
+            eps_high,
+            agg: o.agg(d.agg),
+        }))
+    },
+);
 
 #[cfg(test)]
 mod tests {

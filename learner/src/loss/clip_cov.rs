@@ -15,9 +15,12 @@
 use crate::record::Metric;
 use rand::{SeedableRng, rngs::SmallRng, seq::index};
 
+use super::LossError;
+use super::registry::{ClipCovOptions, Entry, LossOptions, TisOptions};
 use super::{
     Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, ppo::clipped_term,
 };
+use crate::advantage::Estimator;
 
 #[derive(Debug, Clone)]
 pub struct ClipCov {
@@ -127,6 +130,35 @@ impl PolicyLoss for ClipCov {
         out.metrics.insert(Metric::CHigh.into(), c_high);
         out
     }
+}
+
+/// SPEAR's registry row: its loss is Clip-Cov (the replay pass and
+/// memory are the learner's, `crate::spear`).
+pub const SPEAR: Entry = Entry::new(
+    "spear",
+    Estimator::DrGrpo,
+    "SPEAR official code (spec §2b.1): Clip-Cov, Dr.BoT norm_adv_by_std=False; its self-imitation half (no tool-call curriculum)",
+    build,
+);
+
+fn build(o: &LossOptions, _: &TisOptions) -> Result<Box<dyn PolicyLoss>, LossError> {
+    let d = ClipCov::spear();
+    let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
+    let cc = o.clip_cov.unwrap_or(ClipCovOptions {
+        ratio: d.ratio,
+        lb: d.lb,
+        ub: d.ub,
+    });
+    cc.check("spear.")?;
+    Ok(Box::new(ClipCov {
+        eps_low,
+        eps_high,
+        ratio: cc.ratio,
+        lb: cc.lb,
+        ub: cc.ub,
+        agg: o.agg(d.agg),
+        ..d
+    }))
 }
 
 #[cfg(test)]

@@ -11,10 +11,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::registry::Entry;
 use super::{
     Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm,
     ppo::clipped_term,
 };
+use crate::advantage::Estimator;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -116,6 +118,24 @@ impl PolicyLoss for Decoupled {
         weighted_clipped(batch, d, self.agg, bounds, &weights)
     }
 }
+
+pub const ENTRY: Entry = Entry::new(
+    "decoupled",
+    Estimator::Grpo,
+    "AReaL (spec §2.15); estimator not stated there, GRPO kept",
+    |o, _| {
+        let d = Decoupled::default();
+        let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
+        Ok(Box::new(Decoupled {
+            eps_low,
+            eps_high,
+            dual_clip: o.dual(d.dual_clip),
+            agg: o.agg(d.agg),
+            ..d
+        }))
+    },
+)
+.needs_behaviour();
 
 #[cfg(test)]
 mod tests {

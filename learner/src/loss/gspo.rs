@@ -8,10 +8,12 @@
 
 use std::collections::HashMap;
 
+use super::registry::Entry;
 use super::{
     Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, log_ratio,
     ppo::clipped_term,
 };
+use crate::advantage::Estimator;
 
 #[derive(Debug, Clone)]
 pub struct Gspo {
@@ -70,6 +72,21 @@ impl PolicyLoss for Gspo {
         out
     }
 }
+
+pub const ENTRY: Entry = Entry::new(
+    "gspo",
+    Estimator::Grpo,
+    "GSPO (spec §2.5): group-normalised Â",
+    |o, _| {
+        let d = Gspo::default();
+        let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
+        Ok(Box::new(Gspo {
+            eps_low,
+            eps_high,
+            agg: o.agg(d.agg),
+        }))
+    },
+);
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,9 @@
 
 use crate::record::Metric;
 
+use super::registry::{Entry, LossOptions};
 use super::{Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm};
+use crate::advantage::Estimator;
 
 /// `ℓ = −min(r A, clip(r, c_low, c_high) A)`, then for `A < 0` the dual clip
 /// `ℓ ← min(ℓ, −c A)`. The gradient coefficient is `−A r` inside the trust
@@ -147,6 +149,46 @@ impl PolicyLoss for PpoClip {
             1.0 + self.eps_high,
             self.dual_clip,
         )
+    }
+}
+
+/// The registry rows of the fixed-bound clip losses.
+pub const PPO: Entry = Entry::new(
+    "ppo",
+    Estimator::Grpo,
+    "Schulman et al.; critic-free here, so verl's GRPO advantage",
+    |o, _| Ok(Box::new(PpoClip::ppo().with(o))),
+);
+pub const GRPO: Entry = Entry::new(
+    "grpo",
+    Estimator::Grpo,
+    "DeepSeekMath (spec §2.2), verl norm_adv_by_std=True",
+    |o, _| Ok(Box::new(PpoClip::grpo().with(o))),
+);
+pub const DR_GRPO: Entry = Entry::new(
+    "dr-grpo",
+    Estimator::DrGrpo,
+    "Dr. GRPO (spec §2.3), verl recipe norm_adv_by_std_in_grpo=False",
+    |o, _| Ok(Box::new(PpoClip::dr_grpo().with(o))),
+);
+pub const DAPO: Entry = Entry::new(
+    "dapo",
+    Estimator::Grpo,
+    "DAPO (spec §2.4), verl recipe",
+    |o, _| Ok(Box::new(PpoClip::dapo().with(o))),
+);
+
+impl PpoClip {
+    /// The bounds, dual clip and aggregation of `o` over these.
+    fn with(self, o: &LossOptions) -> Self {
+        let (eps_low, eps_high) = o.eps(self.eps_low, self.eps_high);
+        Self {
+            eps_low,
+            eps_high,
+            dual_clip: o.dual(self.dual_clip),
+            agg: o.agg(self.agg),
+            ..self
+        }
     }
 }
 

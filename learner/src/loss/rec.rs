@@ -18,7 +18,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::LossError;
+use super::registry::{Entry, LossOptions};
 use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm, log_ratio};
+use crate::advantage::Estimator;
 
 /// How an in-range token's term is weighted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -126,6 +129,35 @@ impl PolicyLoss for Rec {
             .insert("rec_weight_mean".into(), weights / f64::max(kept, 1.0));
         out
     }
+}
+
+pub const ONE_SIDED: Entry = Entry::new("rec-onesided", Estimator::DrGrpo, SOURCE, |o, _| {
+    build(RecRange::OneSide, o)
+});
+pub const TWO_SIDED: Entry = Entry::new("rec-twosided", Estimator::DrGrpo, SOURCE, |o, _| {
+    build(RecRange::TwoSide, o)
+});
+pub const RING: Entry = Entry::new("rec-ring", Estimator::DrGrpo, SOURCE, |o, _| {
+    build(RecRange::Ring, o)
+});
+
+const SOURCE: &str =
+    "REC (Trinity-RFT rec_policy_loss.py; NoIS unless learner.rec_weight): no std normalisation";
+
+/// `range`'s REC with the bounds, ring and weight of `o`.
+fn build(range: RecRange, o: &LossOptions) -> Result<Box<dyn PolicyLoss>, LossError> {
+    let d = Rec::new(range);
+    let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
+    let [ring_low, ring_high] = o.rec_ring.unwrap_or([d.ring_low, d.ring_high]);
+    Ok(Box::new(Rec {
+        eps_low,
+        eps_high,
+        ring_low,
+        ring_high,
+        weight: o.rec_weight.unwrap_or_default(),
+        agg: o.agg(d.agg),
+        ..d
+    }))
 }
 
 #[cfg(test)]

@@ -1,50 +1,55 @@
-//! Losses by name, with the options `bapo loss` and the learner config
-//! expose laid over each loss's own defaults. Each name also carries what
-//! its paper trains it with ([`ENTRIES`]): an algorithm compared under its
-//! name must be that algorithm, not the loss on another estimator.
+//! Losses by name: one table ([`ENTRIES`]) of the rows each loss's own
+//! file declares, with what its paper trains it with (an algorithm
+//! compared under its name must be that algorithm, not the loss on another
+//! estimator) and how it is built from the options `bapo loss` and the
+//! learner config expose. A new loss is a new file with its row, and that
+//! row added here.
 
 use crate::advantage::Estimator;
 
 use super::{
-    Aggregation, LossError, PolicyLoss,
-    bapo::{Bapo, BapoConfig, BapoMode},
-    cispo::Cispo,
-    clip_cov::ClipCov,
-    decoupled::Decoupled,
-    gspo::Gspo,
-    ppo::PpoClip,
-    rec::{Rec, RecRange, RecWeight},
-    reinforce::{AsymRe, Opmd},
-    remix::MixPpg,
-    sapo::Sapo,
-    tis::{IsCorrection, Tis, TisLevel},
-    turn_ppo::TurnPpo,
+    Aggregation, LossError, PolicyLoss, bapo,
+    bapo::BapoMode,
+    cispo, clip_cov, decoupled, gspo, ppo,
+    rec::{self, RecWeight},
+    reinforce, remix, sapo,
+    tis::{self, IsCorrection, TisLevel},
+    turn_ppo,
 };
 
-pub const NAMES: &[&str] = &[
-    "bapo",
-    "ppo",
-    "grpo",
-    "dr-grpo",
-    "dapo",
-    "gspo",
-    "sapo",
-    "cispo",
-    "opmd",
-    "asymre",
-    "decoupled",
-    "tis",
-    "rec-onesided",
-    "rec-twosided",
-    "rec-ring",
-    "spear",
-    "remix",
-    "turn-ppo",
+/// Every loss, in the order `bapo loss --help` and errors list them.
+pub const ENTRIES: &[Entry] = &[
+    bapo::ENTRY,
+    ppo::PPO,
+    ppo::GRPO,
+    ppo::DR_GRPO,
+    ppo::DAPO,
+    gspo::ENTRY,
+    sapo::ENTRY,
+    cispo::ENTRY,
+    reinforce::OPMD,
+    reinforce::ASYMRE,
+    decoupled::ENTRY,
+    tis::ENTRY,
+    rec::ONE_SIDED,
+    rec::TWO_SIDED,
+    rec::RING,
+    clip_cov::SPEAR,
+    remix::ENTRY,
+    turn_ppo::ENTRY,
 ];
 
-/// What a loss trains on unless the config says otherwise, and what it
-/// needs to mean anything.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The names of [`ENTRIES`], in order.
+pub fn names() -> Vec<&'static str> {
+    ENTRIES.iter().map(|e| e.name).collect()
+}
+
+/// Builds a loss from the options (the common ones and TIS's).
+pub type Build = fn(&LossOptions, &TisOptions) -> Result<Box<dyn PolicyLoss>, LossError>;
+
+/// A loss's row: what it trains on unless the config says otherwise, what
+/// it needs to mean anything, and how it is built.
+#[derive(Clone, Copy)]
 pub struct Entry {
     pub name: &'static str,
     /// The paper's advantage estimator.
@@ -63,128 +68,66 @@ pub struct Entry {
     pub turn_ratio: bool,
     /// Where the defaults come from (spec section and source).
     pub source: &'static str,
+    pub build: Build,
 }
 
-const fn entry(name: &'static str, estimator: Estimator, source: &'static str) -> Entry {
-    Entry {
-        name,
-        estimator,
-        needs_behaviour: false,
-        uses_ratio: true,
-        turn_ratio: false,
-        source,
+impl Entry {
+    /// A row with the common flags: reads the ratio, needs no behaviour
+    /// log-probs, one ratio per token.
+    pub const fn new(
+        name: &'static str,
+        estimator: Estimator,
+        source: &'static str,
+        build: Build,
+    ) -> Self {
+        Self {
+            name,
+            estimator,
+            needs_behaviour: false,
+            uses_ratio: true,
+            turn_ratio: false,
+            source,
+            build,
+        }
+    }
+
+    pub const fn needs_behaviour(self) -> Self {
+        Self {
+            needs_behaviour: true,
+            ..self
+        }
+    }
+
+    pub const fn ratio_free(self) -> Self {
+        Self {
+            uses_ratio: false,
+            ..self
+        }
+    }
+
+    pub const fn turn_ratio(self) -> Self {
+        Self {
+            turn_ratio: true,
+            ..self
+        }
     }
 }
 
-/// One entry per name of [`NAMES`], in the same order. Aggregation and
-/// bounds are the built loss's own defaults (`build(name, &default())`).
-pub const ENTRIES: &[Entry] = &[
-    entry(
-        "bapo",
-        Estimator::Grpo,
-        "BAPO §5.1 (GRPO basis), official code adv_estimator=grpo, verl token-mean",
-    ),
-    entry(
-        "ppo",
-        Estimator::Grpo,
-        "Schulman et al.; critic-free here, so verl's GRPO advantage",
-    ),
-    entry(
-        "grpo",
-        Estimator::Grpo,
-        "DeepSeekMath (spec §2.2), verl norm_adv_by_std=True",
-    ),
-    entry(
-        "dr-grpo",
-        Estimator::DrGrpo,
-        "Dr. GRPO (spec §2.3), verl recipe norm_adv_by_std_in_grpo=False",
-    ),
-    entry("dapo", Estimator::Grpo, "DAPO (spec §2.4), verl recipe"),
-    entry(
-        "gspo",
-        Estimator::Grpo,
-        "GSPO (spec §2.5): group-normalised Â",
-    ),
-    entry("sapo", Estimator::Grpo, "SAPO (spec §2.6), verl"),
-    entry(
-        "cispo",
-        Estimator::Grpo,
-        "MiniMax-M1 (spec §2.7), verl compute_policy_loss_cispo",
-    ),
-    entry(
-        "opmd",
-        Estimator::DrGrpo,
-        "Trinity-RFT OPMD (spec §2.11): no std normalisation",
-    ),
-    Entry {
-        // The loss never reads lp_old: −(A + τ)·lp_θ.
-        uses_ratio: false,
-        ..entry(
-            "asymre",
-            Estimator::DrGrpo,
-            "Trinity-RFT AsymRE (spec §2.11): no std; the τ shift is in the loss",
-        )
-    },
-    Entry {
-        needs_behaviour: true,
-        ..entry(
-            "decoupled",
-            Estimator::Grpo,
-            "AReaL (spec §2.15); estimator not stated there, GRPO kept",
-        )
-    },
-    Entry {
-        needs_behaviour: true,
-        ..entry(
-            "tis",
-            Estimator::Grpo,
-            "verl rollout correction (spec §2.14) on GRPO",
-        )
-    },
-    entry(
-        "rec-onesided",
-        Estimator::DrGrpo,
-        "REC (Trinity-RFT rec_policy_loss.py; NoIS unless learner.rec_weight): no std normalisation",
-    ),
-    entry(
-        "rec-twosided",
-        Estimator::DrGrpo,
-        "REC (Trinity-RFT rec_policy_loss.py; NoIS unless learner.rec_weight): no std normalisation",
-    ),
-    entry(
-        "rec-ring",
-        Estimator::DrGrpo,
-        "REC (Trinity-RFT rec_policy_loss.py; NoIS unless learner.rec_weight): no std normalisation",
-    ),
-    entry(
-        "spear",
-        Estimator::DrGrpo,
-        "SPEAR official code (spec §2b.1): Clip-Cov, Dr.BoT norm_adv_by_std=False; its self-imitation half (no tool-call curriculum)",
-    ),
-    Entry {
-        needs_behaviour: true,
-        ..entry(
-            "remix",
-            Estimator::Grpo,
-            "ReMix-GRPO (spec §2.13, survey notes §4; secondary sources)",
-        )
-    },
-    Entry {
-        turn_ratio: true,
-        ..entry(
-            "turn-ppo",
-            Estimator::Grpo,
-            "Turn-PPO (ST-PPO, spec §2.12): turn-level ratio; critic-free here, the group's outcome advantage broadcast",
-        )
-    },
-];
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entry")
+            .field("name", &self.name)
+            .field("estimator", &self.estimator)
+            .finish_non_exhaustive()
+    }
+}
 
 /// The registry entry of `name`, or an error naming `algo`.
 pub fn entry_of(name: &str) -> Result<&'static Entry, LossError> {
     ENTRIES.iter().find(|e| e.name == name).ok_or_else(|| {
         LossError::new(
             "algo",
-            format!("unknown algorithm {name:?}; known: {}", NAMES.join(", ")),
+            format!("unknown algorithm {name:?}; known: {}", names().join(", ")),
         )
     })
 }
@@ -268,14 +211,20 @@ impl Default for TisOptions {
 }
 
 impl LossOptions {
-    fn eps(&self, low: f64, high: f64) -> (f64, f64) {
+    /// ε_low and ε_high over a loss's defaults.
+    pub(crate) fn eps(&self, low: f64, high: f64) -> (f64, f64) {
         let lo = self.clip_eps.unwrap_or(low);
         let hi = self.clip_eps_high.or(self.clip_eps).unwrap_or(high);
         (lo, hi)
     }
 
+    /// The aggregation over a loss's default.
+    pub(crate) fn agg(&self, default: Aggregation) -> Aggregation {
+        self.agg.unwrap_or(default)
+    }
+
     /// The dual clip over a loss's default: 0 disables it.
-    fn dual(&self, default: Option<f64>) -> Option<f64> {
+    pub(crate) fn dual(&self, default: Option<f64>) -> Option<f64> {
         match self.dual_clip {
             Some(0.0) => None,
             Some(c) => Some(c),
@@ -378,175 +327,7 @@ pub fn build_with(
             ));
         }
     }
-    let agg = |default: Aggregation| o.agg.unwrap_or(default);
-    let ppo_like = |base: PpoClip| {
-        let (eps_low, eps_high) = o.eps(base.eps_low, base.eps_high);
-        PpoClip {
-            eps_low,
-            eps_high,
-            dual_clip: o.dual(base.dual_clip),
-            agg: agg(base.agg),
-            ..base
-        }
-    };
-    let loss: Box<dyn PolicyLoss> = match name {
-        "bapo" => {
-            let mut cfg = BapoConfig::of_mode(o.bapo_mode.unwrap_or(BapoMode::Paper));
-            cfg.dual_clip = o.dual(cfg.dual_clip);
-            cfg.agg = agg(cfg.agg);
-            if let Some(rho0) = o.bapo_rho0 {
-                cfg.target = match cfg.mode {
-                    BapoMode::Paper => rho0,
-                    BapoMode::Code | BapoMode::CodeExample => rho0 / (1.0 - rho0),
-                };
-            }
-            if let Some([start, max, step]) = o.bapo_low {
-                (cfg.low_start, cfg.low_max, cfg.low_step) = (start, max, step);
-            }
-            if let Some([start, max, step]) = o.bapo_high {
-                (cfg.high_start, cfg.high_max, cfg.high_step) = (start, max, step);
-            }
-            Box::new(Bapo { cfg })
-        }
-        "ppo" => Box::new(ppo_like(PpoClip::ppo())),
-        "grpo" => Box::new(ppo_like(PpoClip::grpo())),
-        "dr-grpo" => Box::new(ppo_like(PpoClip::dr_grpo())),
-        "dapo" => Box::new(ppo_like(PpoClip::dapo())),
-        "turn-ppo" => {
-            let d = TurnPpo::default();
-            let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
-            Box::new(TurnPpo {
-                eps_low,
-                eps_high,
-                dual_clip: o.dual(d.dual_clip),
-                agg: agg(d.agg),
-            })
-        }
-        "gspo" => {
-            let d = Gspo::default();
-            let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
-            Box::new(Gspo {
-                eps_low,
-                eps_high,
-                agg: agg(d.agg),
-            })
-        }
-        "sapo" => {
-            let d = Sapo::default();
-            Box::new(Sapo {
-                agg: agg(d.agg),
-                ..d
-            })
-        }
-        "cispo" => {
-            let d = Cispo::default();
-            let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
-            Box::new(Cispo {
-                eps_low,
-                eps_high,
-                agg: agg(d.agg),
-            })
-        }
-        "opmd" => {
-            let d = Opmd::default();
-            Box::new(Opmd {
-                agg: agg(d.agg),
-                ..d
-            })
-        }
-        "asymre" => {
-            let d = AsymRe::default();
-            Box::new(AsymRe {
-                agg: agg(d.agg),
-                ..d
-            })
-        }
-        "decoupled" => {
-            let d = Decoupled::default();
-            let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
-            Box::new(Decoupled {
-                eps_low,
-                eps_high,
-                dual_clip: o.dual(d.dual_clip),
-                agg: agg(d.agg),
-                ..d
-            })
-        }
-        "tis" => {
-            let d = Tis::with(tis.mode, tis.level);
-            let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
-            let tis = Tis {
-                eps_low,
-                eps_high,
-                dual_clip: o.dual(d.dual_clip),
-                low: tis.low.unwrap_or(d.low),
-                high: tis.high.unwrap_or(d.high),
-                agg: agg(d.agg),
-                ..d
-            };
-            tis.check()?;
-            Box::new(tis)
-        }
-        "rec-onesided" | "rec-twosided" | "rec-ring" => {
-            let range = match name {
-                "rec-onesided" => RecRange::OneSide,
-                "rec-twosided" => RecRange::TwoSide,
-                _ => RecRange::Ring,
-            };
-            let d = Rec::new(range);
-            let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
-            let [ring_low, ring_high] = o.rec_ring.unwrap_or([d.ring_low, d.ring_high]);
-            Box::new(Rec {
-                eps_low,
-                eps_high,
-                ring_low,
-                ring_high,
-                weight: o.rec_weight.unwrap_or_default(),
-                agg: agg(d.agg),
-                ..d
-            })
-        }
-        "spear" => {
-            let d = ClipCov::spear();
-            let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
-            let cc = o.clip_cov.unwrap_or(ClipCovOptions {
-                ratio: d.ratio,
-                lb: d.lb,
-                ub: d.ub,
-            });
-            cc.check("spear.")?;
-            Box::new(ClipCov {
-                eps_low,
-                eps_high,
-                ratio: cc.ratio,
-                lb: cc.lb,
-                ub: cc.ub,
-                agg: agg(d.agg),
-                ..d
-            })
-        }
-        "remix" => {
-            if o.clip_eps_high.is_some() {
-                return Err(LossError::new(
-                    "clip_eps_high",
-                    "ReMix's window w ± ε is symmetric: set clip_eps only",
-                ));
-            }
-            let d = MixPpg::default();
-            Box::new(MixPpg {
-                eps: o.clip_eps.unwrap_or(d.eps),
-                agg: agg(d.agg),
-            })
-        }
-        other => return Err(entry_of(other).err().unwrap_or_else(|| unlisted(other))),
-    };
-    Ok(loss)
-}
-
-/// A name with an entry but no constructor: a registry bug, caught by
-/// `every_name_has_an_entry_and_builds`.
-fn unlisted(name: &str) -> LossError {
-    LossError::new("algo", format!("{name:?} has no constructor"))
+    (entry_of(name)?.build)(o, tis)
 }
 
 #[cfg(test)]
@@ -556,9 +337,9 @@ mod tests {
 
     #[test]
     fn every_name_builds_and_is_invariant_to_masked_tokens() {
-        for name in NAMES {
+        for name in names() {
             let loss = build(name, &LossOptions::default()).unwrap();
-            assert_eq!(loss.name(), *name);
+            assert_eq!(loss.name(), name);
             let b = random_batch(7);
             let d = Denominators::of(&b);
             let out = loss.compute(&b, &d);
@@ -601,11 +382,14 @@ mod tests {
     }
 
     #[test]
-    fn every_name_has_an_entry_and_builds() {
-        let names: Vec<&str> = ENTRIES.iter().map(|e| e.name).collect();
-        assert_eq!(names, NAMES);
-        for name in NAMES {
-            assert_eq!(entry_of(name).unwrap().name, *name);
+    fn every_name_is_unique_and_finds_its_row() {
+        let all = names();
+        let mut unique = all.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), all.len(), "{all:?}");
+        for name in all {
+            assert_eq!(entry_of(name).unwrap().name, name);
         }
     }
 
@@ -635,7 +419,7 @@ mod tests {
             ("remix", Grpo, TokenMean),
             ("turn-ppo", Grpo, TokenMean),
         ];
-        assert_eq!(want.len(), NAMES.len());
+        assert_eq!(want.len(), names().len());
         for (name, est, agg) in want {
             assert_eq!(entry_of(name).unwrap().estimator, est, "{name}");
             let loss = build(name, &LossOptions::default()).unwrap();

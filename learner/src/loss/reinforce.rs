@@ -9,7 +9,9 @@
 //! Values are REINFORCE surrogates (their level means nothing); gradients
 //! are what matters. Token-mean aggregation.
 
+use super::registry::Entry;
 use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm, log_ratio};
+use crate::advantage::Estimator;
 
 #[derive(Debug, Clone)]
 pub struct Opmd {
@@ -89,6 +91,34 @@ impl PolicyLoss for AsymRe {
         LossOutput::aggregate(&terms, self.agg, batch, d)
     }
 }
+
+pub const OPMD: Entry = Entry::new(
+    "opmd",
+    Estimator::DrGrpo,
+    "Trinity-RFT OPMD (spec §2.11): no std normalisation",
+    |o, _| {
+        let d = Opmd::default();
+        Ok(Box::new(Opmd {
+            agg: o.agg(d.agg),
+            ..d
+        }))
+    },
+);
+
+/// The loss never reads `lp_old`: `−(A + τ)·lp_θ`.
+pub const ASYMRE: Entry = Entry::new(
+    "asymre",
+    Estimator::DrGrpo,
+    "Trinity-RFT AsymRE (spec §2.11): no std; the τ shift is in the loss",
+    |o, _| {
+        let d = AsymRe::default();
+        Ok(Box::new(AsymRe {
+            agg: o.agg(d.agg),
+            ..d
+        }))
+    },
+)
+.ratio_free();
 
 #[cfg(test)]
 mod tests {

@@ -11,10 +11,13 @@
 //! `the_band_is_additive_not_decoupled_multiplicative`). Without
 //! behaviour log-probs `w = 1` and this is PPO-clip.
 
+use super::LossError;
+use super::registry::{Entry, LossOptions, TisOptions};
 use super::{
     Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, log_ratio,
     ppo::clipped_term,
 };
+use crate::advantage::Estimator;
 
 #[derive(Debug, Clone)]
 pub struct MixPpg {
@@ -63,6 +66,29 @@ impl PolicyLoss for MixPpg {
         out.per_token_metric("remix_w_mean", w_sum, batch);
         out
     }
+}
+
+pub const ENTRY: Entry = Entry::new(
+    "remix",
+    Estimator::Grpo,
+    "ReMix-GRPO (spec §2.13, survey notes §4; secondary sources)",
+    build,
+)
+.needs_behaviour();
+
+/// The window's half-width is one ε: `clip_eps_high` has no meaning.
+fn build(o: &LossOptions, _: &TisOptions) -> Result<Box<dyn PolicyLoss>, LossError> {
+    if o.clip_eps_high.is_some() {
+        return Err(LossError::new(
+            "clip_eps_high",
+            "ReMix's window w ± ε is symmetric: set clip_eps only",
+        ));
+    }
+    let d = MixPpg::default();
+    Ok(Box::new(MixPpg {
+        eps: o.clip_eps.unwrap_or(d.eps),
+        agg: o.agg(d.agg),
+    }))
 }
 
 #[cfg(test)]

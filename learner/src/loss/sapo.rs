@@ -3,7 +3,9 @@
 //! At `r = 1` the gradient weight `4σ(1−σ)` is 1 (plain policy gradient);
 //! far off-policy tokens fade smoothly instead of being cut.
 
+use super::registry::Entry;
 use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm};
+use crate::advantage::Estimator;
 
 #[derive(Debug, Clone)]
 pub struct Sapo {
@@ -55,6 +57,19 @@ impl PolicyLoss for Sapo {
         out
     }
 }
+
+pub const ENTRY: Entry = Entry::new(
+    "sapo",
+    Estimator::Grpo,
+    "SAPO (spec §2.6), verl",
+    |o, _| {
+        let d = Sapo::default();
+        Ok(Box::new(Sapo {
+            agg: o.agg(d.agg),
+            ..d
+        }))
+    },
+);
 
 #[cfg(test)]
 mod tests {

@@ -17,10 +17,12 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::registry::{Entry, LossOptions, TisOptions};
 use super::{
     Aggregation, Denominators, LossError, LossOutput, PolicyLoss, TokenBatch,
     decoupled::weighted_clipped,
 };
+use crate::advantage::Estimator;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -160,6 +162,31 @@ impl PolicyLoss for Tis {
         let bounds = (1.0 - self.eps_low, 1.0 + self.eps_high, self.dual_clip);
         weighted_clipped(batch, d, self.agg, bounds, &weights)
     }
+}
+
+pub const ENTRY: Entry = Entry::new(
+    "tis",
+    Estimator::Grpo,
+    "verl rollout correction (spec §2.14) on GRPO",
+    build,
+)
+.needs_behaviour();
+
+/// The correction and level of `tis`, its band over the mode's own.
+fn build(o: &LossOptions, tis: &TisOptions) -> Result<Box<dyn PolicyLoss>, LossError> {
+    let d = Tis::with(tis.mode, tis.level);
+    let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
+    let t = Tis {
+        eps_low,
+        eps_high,
+        dual_clip: o.dual(d.dual_clip),
+        low: tis.low.unwrap_or(d.low),
+        high: tis.high.unwrap_or(d.high),
+        agg: o.agg(d.agg),
+        ..d
+    };
+    t.check()?;
+    Ok(Box::new(t))
 }
 
 #[cfg(test)]

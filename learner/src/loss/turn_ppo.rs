@@ -14,10 +14,12 @@
 
 use std::collections::HashMap;
 
+use super::registry::Entry;
 use super::{
     Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, log_ratio,
     ppo::clipped_term,
 };
+use crate::advantage::Estimator;
 
 #[derive(Debug, Clone)]
 pub struct TurnPpo {
@@ -99,6 +101,23 @@ impl PolicyLoss for TurnPpo {
         out
     }
 }
+
+pub const ENTRY: Entry = Entry::new(
+    "turn-ppo",
+    Estimator::Grpo,
+    "Turn-PPO (ST-PPO, spec §2.12): turn-level ratio; critic-free here, the group's outcome advantage broadcast",
+    |o, _| {
+        let d = TurnPpo::default();
+        let (eps_low, eps_high) = o.eps(d.eps_low, d.eps_high);
+        Ok(Box::new(TurnPpo {
+            eps_low,
+            eps_high,
+            dual_clip: o.dual(d.dual_clip),
+            agg: o.agg(d.agg),
+        }))
+    },
+)
+.turn_ratio();
 
 #[cfg(test)]
 mod tests {
