@@ -59,7 +59,7 @@ pub fn warm_start(
         ProgressBar::new(cfg.sft.steps)
     };
     bar.set_style(
-        ProgressStyle::with_template("sft {bar:30} {pos}/{len} [{elapsed}<{eta}] {msg}")
+        ProgressStyle::with_template("sft {bar:30} {pos}/{len} [{elapsed}<{eta}] {wide_msg}")
             .expect("valid template"),
     );
     let mut last = SftStep::default();

@@ -114,7 +114,7 @@ pub async fn follow(
         ProgressBar::new(steps)
     };
     bar.set_style(
-        ProgressStyle::with_template("rl  {bar:30} {pos}/{len} [{elapsed}<{eta}] {msg}")
+        ProgressStyle::with_template("rl  {bar:30} {pos}/{len} [{elapsed}<{eta}] {wide_msg}")
             .expect("valid template"),
     );
     let mut tail = LogTail {
