@@ -26,20 +26,10 @@ use serde::{Deserialize, Serialize};
 use crate::record::Metric;
 
 use super::LossError;
-use super::registry::{Entry, LossOptions, TisOptions};
+pub use super::options::BapoMode;
+use super::options::{Entry, LossOptions, TisOptions};
 use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, ppo::clipped_loss};
 use crate::advantage::Estimator;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BapoMode {
-    /// The paper's Algorithm 1 and hyperparameters (§5.1).
-    Paper,
-    /// The official code's search with its `bapo_trainer.yaml` ranges.
-    Code,
-    /// The official code's search with its `run_bapo_example.sh` setting.
-    CodeExample,
-}
 
 /// What counts as a token's contribution to `P` or `N`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 //! `ε_high` was not published, so the default is verl's shared 0.2
 //! (ScaleRL reports performance flat for an upper bound of 4 to 8).
 
-use super::registry::Entry;
+use super::options::Entry;
 use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm};
 use crate::advantage::Estimator;
 

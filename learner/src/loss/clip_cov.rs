@@ -16,7 +16,7 @@ use crate::record::Metric;
 use rand::{SeedableRng, rngs::SmallRng, seq::index};
 
 use super::LossError;
-use super::registry::{ClipCovOptions, Entry, LossOptions, TisOptions};
+use super::options::{ClipCovOptions, Entry, LossOptions, TisOptions};
 use super::{
     Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, ppo::clipped_term,
 };

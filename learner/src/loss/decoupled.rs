@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::registry::Entry;
+use super::options::Entry;
 use super::{
     Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm,
     ppo::clipped_term,

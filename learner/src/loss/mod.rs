@@ -11,6 +11,7 @@ pub mod cispo;
 pub mod clip_cov;
 pub mod decoupled;
 pub mod gspo;
+pub mod options;
 pub mod ppo;
 pub mod rec;
 pub mod registry;

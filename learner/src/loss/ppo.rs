@@ -5,7 +5,7 @@
 
 use crate::record::Metric;
 
-use super::registry::{Entry, LossOptions};
+use super::options::{Entry, LossOptions};
 use super::{Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm};
 use crate::advantage::Estimator;
 

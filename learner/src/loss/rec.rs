@@ -16,25 +16,11 @@
 //!
 //! Defaults are Trinity's: ε 0.2/0.2, ε' 0.6/2.0, token-mean.
 
-use serde::{Deserialize, Serialize};
-
 use super::LossError;
-use super::registry::{Entry, LossOptions};
+pub use super::options::RecWeight;
+use super::options::{Entry, LossOptions};
 use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm, log_ratio};
 use crate::advantage::Estimator;
-
-/// How an in-range token's term is weighted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RecWeight {
-    /// `−A·lp_θ` (the "NoIS" variants).
-    #[default]
-    None,
-    /// `−A·ρ·lp_θ`, `ρ = sg(π_θ/π_old)` (Trinity's `importance_sampling`).
-    Is,
-    /// `−A·clip(ρ, 1−ε'_l, 1+ε'_h)·lp_θ` (`truncated_importance_sampling`).
-    Tis,
-}
 
 /// Which tokens a REC loss keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,7 @@
 //! Values are REINFORCE surrogates (their level means nothing); gradients
 //! are what matters. Token-mean aggregation.
 
-use super::registry::Entry;
+use super::options::Entry;
 use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm, log_ratio};
 use crate::advantage::Estimator;
 

@@ -12,7 +12,7 @@
 //! behaviour log-probs `w = 1` and this is PPO-clip.
 
 use super::LossError;
-use super::registry::{Entry, LossOptions, TisOptions};
+use super::options::{Entry, LossOptions, TisOptions};
 use super::{
     Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, log_ratio,
     ppo::clipped_term,

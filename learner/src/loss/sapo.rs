@@ -3,7 +3,7 @@
 //! At `r = 1` the gradient weight `4σ(1−σ)` is 1 (plain policy gradient);
 //! far off-policy tokens fade smoothly instead of being cut.
 
-use super::registry::Entry;
+use super::options::Entry;
 use super::{Aggregation, Denominators, LossOutput, PolicyLoss, TokenBatch, TokenTerm};
 use crate::advantage::Estimator;
 

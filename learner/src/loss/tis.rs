@@ -15,47 +15,19 @@
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
-
-use super::registry::{Entry, LossOptions, TisOptions};
+use super::options::{Entry, LossOptions, TisOptions};
+pub use super::options::{IsCorrection, TisLevel};
 use super::{
     Aggregation, Denominators, LossError, LossOutput, PolicyLoss, TokenBatch,
     decoupled::weighted_clipped,
 };
 use crate::advantage::Estimator;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TisLevel {
-    Token,
-    Sequence,
-}
-
-/// What is done with a behaviour weight (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum IsCorrection {
-    Truncate,
-    Mask,
-    Icepop,
-}
-
-impl IsCorrection {
-    /// The mode's default `(low, high)`: truncation has no floor.
-    pub fn default_band(self) -> (f64, f64) {
-        match self {
-            IsCorrection::Truncate => (0.0, 2.0),
-            IsCorrection::Mask => (0.5, 2.0),
-            IsCorrection::Icepop => (0.5, 5.0),
-        }
-    }
-
-    /// The factor of a weight `w`; `None` drops the token.
-    fn apply(self, w: f64, low: f64, high: f64) -> Option<f64> {
-        match self {
-            IsCorrection::Truncate => Some(w.min(high)),
-            IsCorrection::Mask | IsCorrection::Icepop => (low..=high).contains(&w).then_some(w),
-        }
+/// The factor of a weight `w`; `None` drops the token.
+fn apply(c: IsCorrection, w: f64, low: f64, high: f64) -> Option<f64> {
+    match c {
+        IsCorrection::Truncate => Some(w.min(high)),
+        IsCorrection::Mask | IsCorrection::Icepop => (low..=high).contains(&w).then_some(w),
     }
 }
 
@@ -156,7 +128,7 @@ impl PolicyLoss for Tis {
             .into_iter()
             .map(|l| {
                 let w = l.clamp(-20.0, 20.0).exp();
-                self.correction.apply(w, self.low, self.high)
+                apply(self.correction, w, self.low, self.high)
             })
             .collect();
         let bounds = (1.0 - self.eps_low, 1.0 + self.eps_high, self.dual_clip);

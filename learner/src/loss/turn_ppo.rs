@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use super::registry::Entry;
+use super::options::Entry;
 use super::{
     Aggregation, ClipCounts, Denominators, LossOutput, PolicyLoss, TokenBatch, log_ratio,
     ppo::clipped_term,
