@@ -31,21 +31,22 @@ use crate::{
     memory,
     record::Metric,
     rollouts::{Sequence, TrainGroup},
-    spear::SpearMemory,
     stats::{mismatch_metrics, ratio_metrics},
     vcpo::{LrRule, RHO_BASE, lr_scale},
 };
 
+mod algo;
 mod host_loss;
 mod kl;
 mod micro;
 mod pass;
+mod remix_run;
 mod replay;
 
+pub use algo::AlgoState;
+use algo::{Batch, BatchAlgo, BatchEnd};
 use host_loss::HostLoss;
 use pass::Pass;
-pub use replay::AlgoState;
-use replay::RemixRun;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -217,10 +218,9 @@ pub struct Trainer {
     /// Batches (training iterations) done: the clock of SPEAR's and
     /// ReMix's schedules.
     batches: u64,
-    /// SPEAR's self-imitation memory (algo "spear").
-    spear: Option<SpearMemory>,
-    /// ReMix's replay memory and frozen policies (algo "remix").
-    remix: Option<RemixRun>,
+    /// What the algorithm adds to a batch besides its loss (SPEAR's
+    /// replay pass, ReMix's mixed batches and frozen policies).
+    algo: Box<dyn BatchAlgo>,
     /// [`lora::fingerprint`] of the frozen base under LoRA; 0 without.
     base_fingerprint: u64,
     /// Updates skipped in a row for a non-finite loss or gradient.
@@ -325,8 +325,7 @@ impl Trainer {
         // Under LoRA the reference is the base with the adapters off: the
         // same tensors, no second copy of the model.
         let reference = (cfg.kl_coef > 0.0).then(|| lora::base_of(&policy.model.valid()));
-        let spear = (cfg.algo == "spear").then(SpearMemory::default);
-        let remix = (cfg.algo == "remix").then(|| RemixRun::new(policy.model.valid()));
+        let algo = batch_algo(&cfg, || policy.model.valid());
         // Restored adapters carry the fingerprint their checkpoint verified;
         // fresh ones need the base hashed (a pass over every weight).
         let base_fingerprint = match (&cfg.lora, policy.model.lora.as_ref()) {
@@ -357,8 +356,7 @@ impl Trainer {
             step: 0,
             version,
             batches: 0,
-            spear,
-            remix,
+            algo,
             base_fingerprint,
             nonfinite_in_a_row: 0,
         })
@@ -445,16 +443,23 @@ impl Trainer {
     /// ReMix mixes replayed groups into `fresh`; SPEAR follows each
     /// epoch's updates with its replay pass when its memory is full.
     pub fn train_batch(&mut self, fresh: &[TrainGroup]) -> Result<Vec<StepReport>, TrainError> {
-        let t = self.batches;
         let mut batch_metrics = BTreeMap::new();
-        let groups = self.mix_in_replay(t, fresh, &mut batch_metrics);
-        let start = self.remix.is_some().then(|| self.model.valid());
+        let batch = Batch {
+            cfg: &self.cfg,
+            t: self.batches,
+        };
+        let groups = self.algo.mix_in(&batch, fresh, &mut batch_metrics);
+        let start = self.algo.keeps_start().then(|| self.model.valid());
         let parts = split_groups(&groups, self.cfg.mini_batches as usize);
         let prepared = parts
             .iter()
             .map(|g| self.prepare(g))
             .collect::<Result<Vec<_>, _>>()?;
-        let replay = self.spear_replay(t, &prepared, &mut batch_metrics)?;
+        let batch = Batch {
+            cfg: &self.cfg,
+            t: self.batches,
+        };
+        let replay = self.algo.replay(&batch, &prepared, &mut batch_metrics)?;
         let mut reports = Vec::new();
         for epoch in 0..self.cfg.epochs {
             for (k, p) in prepared.iter().enumerate() {
@@ -476,7 +481,18 @@ impl Trainer {
                 }
             }
         }
-        self.end_batch(t, fresh, &prepared, start, &mut batch_metrics);
+        let model = &self.model;
+        let end = BatchEnd {
+            fresh,
+            prepared: &prepared,
+            start,
+            current: &|| model.valid(),
+        };
+        let batch = Batch {
+            cfg: &self.cfg,
+            t: self.batches,
+        };
+        self.algo.end_batch(&batch, end, &mut batch_metrics);
         for r in &mut reports {
             r.metrics.extend(batch_metrics.clone());
         }
@@ -629,11 +645,7 @@ impl Trainer {
     /// The entropy bonus's coefficient: SPEAR's and ReMix's own (their
     /// sources' configs), `learner.entropy_coef` otherwise.
     fn entropy_coef(&self) -> f64 {
-        match self.cfg.algo.as_str() {
-            "spear" => self.cfg.spear.entropy_coef,
-            "remix" => self.cfg.remix.entropy_coef,
-            _ => self.cfg.entropy_coef,
-        }
+        self.algo.entropy_coef(&self.cfg)
     }
 
     /// [`Trainer::backward`] with `loss`. `replay`: SPEAR's replay pass
@@ -959,9 +971,11 @@ impl Trainer {
         if let Some(reference) = &self.reference {
             v.push((reference, self.cfg.kl_coef, "kl_ref_k3"));
         }
-        if let Some(remix) = &self.remix {
-            v.extend(remix.kl_terms(&self.cfg.remix, self.batches));
-        }
+        let batch = Batch {
+            cfg: &self.cfg,
+            t: self.batches,
+        };
+        v.extend(self.algo.kl_terms(&batch));
         v
     }
 
@@ -1034,6 +1048,16 @@ fn compute_loss(
     let batch = token_batch(skel, lp)?;
     let out = loss.compute(&batch, denoms);
     Ok((out, batch))
+}
+
+/// The batch algorithm of `cfg.algo`; `initial`: the starting policy
+/// (ReMix's first `π_base`).
+fn batch_algo(cfg: &LearnerConfig, initial: impl FnOnce() -> Transformer) -> Box<dyn BatchAlgo> {
+    match cfg.algo.as_str() {
+        "spear" => Box::new(replay::Spear::default()),
+        "remix" => Box::new(remix_run::RemixRun::new(initial())),
+        _ => Box::new(algo::Plain),
+    }
 }
 
 /// The token batch with current log-probs `lp` filled in.
