@@ -14,7 +14,7 @@ pub use crate::update_mode::UpdateMode;
 /// What generates the responses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
-pub enum Engine {
+pub enum EngineKind {
     /// bapo's own Burn model, in the actor's process.
     #[default]
     Burn,
@@ -27,7 +27,7 @@ pub enum Engine {
 #[serde(default, deny_unknown_fields)]
 pub struct ActorConfig {
     /// What generates: `burn` (default) or `vllm`.
-    pub engine: Engine,
+    pub engine: EngineKind,
     /// The vLLM server of `engine = "vllm"`.
     pub vllm: VllmConfig,
     /// Responses per prompt (K).
@@ -65,7 +65,7 @@ pub struct ActorConfig {
 impl Default for ActorConfig {
     fn default() -> Self {
         Self {
-            engine: Engine::Burn,
+            engine: EngineKind::Burn,
             vllm: VllmConfig::default(),
             group_size: 8,
             concurrency: 2,
@@ -141,8 +141,8 @@ impl ActorConfig {
     /// or unset, at once where the engine batches concurrent requests.
     pub fn members(&self) -> Members {
         match (self.env.parallel_members, self.engine) {
-            (Some(true), _) | (None, Engine::Vllm) => Members::AtOnce,
-            (Some(false), _) | (None, Engine::Burn) => Members::InTurn,
+            (Some(true), _) | (None, EngineKind::Vllm) => Members::AtOnce,
+            (Some(false), _) | (None, EngineKind::Burn) => Members::InTurn,
         }
     }
 
@@ -168,7 +168,7 @@ impl ActorConfig {
         if !(self.lease_weight_wait_s.is_finite() && self.lease_weight_wait_s >= 0.0) {
             return Err(ConfigError::LeaseWeightWait(self.lease_weight_wait_s));
         }
-        if self.engine == Engine::Vllm {
+        if self.engine == EngineKind::Vllm {
             self.vllm.validate()?;
         }
         self.env.validate()?;
@@ -271,13 +271,13 @@ mod tests {
             c.env.parallel_members = parallel;
             c.members()
         };
-        assert_eq!(of(Engine::Burn, None), Members::InTurn);
-        assert_eq!(of(Engine::Vllm, None), Members::AtOnce);
-        assert_eq!(of(Engine::Vllm, Some(false)), Members::InTurn);
-        assert_eq!(of(Engine::Burn, Some(true)), Members::AtOnce);
+        assert_eq!(of(EngineKind::Burn, None), Members::InTurn);
+        assert_eq!(of(EngineKind::Vllm, None), Members::AtOnce);
+        assert_eq!(of(EngineKind::Vllm, Some(false)), Members::InTurn);
+        assert_eq!(of(EngineKind::Burn, Some(true)), Members::AtOnce);
         let vllm_openenv = |sessions| {
             let mut c = ActorConfig {
-                engine: Engine::Vllm,
+                engine: EngineKind::Vllm,
                 group_size: 4,
                 ..Default::default()
             };

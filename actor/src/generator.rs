@@ -21,7 +21,7 @@ pub enum Generator {
     /// bapo's model, on the slot's own thread.
     Burn,
     /// A vLLM server (started by the actor or beside it).
-    Vllm(Arc<vllm::Engine>),
+    Vllm(Arc<vllm::Client>),
 }
 
 /// What a generation needs of its slot: the weights it follows, how it

@@ -30,5 +30,5 @@ pub mod subscription;
 pub mod update_mode;
 pub mod vllm;
 
-pub use config::{ActorConfig, Engine, UpdateMode};
+pub use config::{ActorConfig, EngineKind, UpdateMode};
 pub use run::{ActorOptions, ActorSummary, run};

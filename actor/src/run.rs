@@ -32,7 +32,7 @@ use rand::{Rng, SeedableRng, rngs::SmallRng};
 use tokio::sync::watch;
 
 use crate::{
-    ActorConfig, Engine,
+    ActorConfig, EngineKind,
     env::{
         self, ResetInput,
         episode::{self, EpisodeEnd, EpisodePacking},
@@ -139,8 +139,8 @@ pub async fn run(
     ));
     // With vLLM the slots follow what the engine serves, not what arrived.
     let (generator, cell_rx, engine) = match cfg.engine {
-        Engine::Burn => (Generator::Burn, cell_rx, None),
-        Engine::Vllm => {
+        EngineKind::Burn => (Generator::Burn, cell_rx, None),
+        EngineKind::Vllm => {
             let s = vllm::start(
                 &cfg.vllm,
                 cfg.mode,

@@ -42,7 +42,7 @@ fn recomputed(p: &Policy, prompt: &[u32], response: &[u32], temperature: f32) ->
 }
 
 async fn group(
-    engine: &vllm::Engine,
+    engine: &vllm::Client,
     prompt: &[u32],
     k: usize,
     p: &SamplingParams,

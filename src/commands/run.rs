@@ -64,7 +64,7 @@ pub struct RunArgs {
     /// vLLM server each actor starts from `[actor.vllm]`'s venv (vllm;
     /// scripts/vllm-env.sh makes one).
     #[arg(long, value_enum)]
-    pub engine: Option<bapo_actor::Engine>,
+    pub engine: Option<bapo_actor::EngineKind>,
     #[command(flatten)]
     pub device: common::DeviceArgs,
 }

@@ -35,7 +35,7 @@ pub struct RunOptions {
     /// Train LoRA adapters (`--lora`).
     pub lora: bool,
     /// `--engine`: what generates the rollouts.
-    pub engine: Option<bapo_actor::Engine>,
+    pub engine: Option<bapo_actor::EngineKind>,
     /// `--device`, `--precision`: every process's `[model]` device and dtype.
     pub device: DeviceArgs,
 }
@@ -163,7 +163,7 @@ mod tests {
     /// members then play at once; the config's own engine otherwise.
     #[test]
     fn the_engine_flag_picks_what_generates() {
-        use bapo_actor::{Engine, env::episode::Members};
+        use bapo_actor::{EngineKind, env::episode::Members};
         let on = |engine| {
             RunOptions {
                 task: Some("arith-tool".into()),
@@ -173,11 +173,11 @@ mod tests {
             .resolve()
             .unwrap()
         };
-        let vllm = on(Some(Engine::Vllm));
-        assert_eq!(vllm.actor.engine, Engine::Vllm);
+        let vllm = on(Some(EngineKind::Vllm));
+        assert_eq!(vllm.actor.engine, EngineKind::Vllm);
         assert_eq!(vllm.actor.members(), Members::AtOnce);
         let burn = on(None);
-        assert_eq!(burn.actor.engine, Engine::Burn);
+        assert_eq!(burn.actor.engine, EngineKind::Burn);
         assert_eq!(burn.actor.members(), Members::InTurn);
     }
 }

@@ -55,7 +55,7 @@ use api::Api;
 const MAX_ATTEMPTS: usize = 8;
 
 /// The generation side of an engine actor: what a slot calls.
-pub struct Engine {
+pub struct Client {
     api: Api,
     request_timeout: Duration,
     /// What the engine serves: under LoRA, which adapter a request names.
@@ -107,7 +107,7 @@ impl GenerateError {
 /// instead of the subscription), and its background work, which ends with
 /// an error only when the engine can never serve (the actor then exits).
 pub struct Started {
-    pub engine: Arc<Engine>,
+    pub engine: Arc<Client>,
     pub serving: PolicyCell,
     pub background: JoinHandle<anyhow::Result<()>>,
 }
@@ -181,7 +181,7 @@ pub fn start(
         }
     });
     Ok(Started {
-        engine: Arc::new(Engine {
+        engine: Arc::new(Client {
             api,
             request_timeout: Duration::from_secs_f64(cfg.request_timeout_s),
             serving: ready_rx.clone(),
@@ -192,7 +192,7 @@ pub fn start(
     })
 }
 
-impl Engine {
+impl Client {
     /// Under LoRA, the name of the adapter the engine serves (its version's
     /// label); `None` for full weights.
     fn adapter(&self) -> Option<String> {
