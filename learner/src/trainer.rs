@@ -857,9 +857,6 @@ impl Trainer {
             self.cfg.estimator(),
             self.cfg.filter_zero_variance,
         );
-        let max_response = self.cfg.max_response_tokens;
-        let max = self.model_config.max_position_embeddings;
-        let vocab = self.model_config.vocab_size;
         let mut rows = Vec::new();
         let mut skel = TokenBatch::default();
         let mut behav = Vec::new();
@@ -870,44 +867,7 @@ impl Trainer {
             stale.extend(g.staleness(self.version));
             let Some(a) = a else { continue };
             for (i, (s, &adv)) in g.sequences.iter().zip(a).enumerate() {
-                let len = s.prompt.len() + s.response.len();
-                if len > max {
-                    return Err(TrainError::TooLong {
-                        group: g.group_id.clone(),
-                        index: i,
-                        len,
-                        max,
-                    });
-                }
-                let budget = self.cfg.micro_batch_tokens;
-                if budget > 0 && len > budget {
-                    return Err(TrainError::OverBudget {
-                        group: g.group_id.clone(),
-                        index: i,
-                        len,
-                        budget,
-                    });
-                }
-                if max_response > 0 && s.response.len() > max_response {
-                    return Err(TrainError::ResponseTooLong {
-                        group: g.group_id.clone(),
-                        index: i,
-                        len: s.response.len(),
-                        max: max_response,
-                    });
-                }
-                if let Some(&id) = s
-                    .prompt
-                    .iter()
-                    .chain(&s.response)
-                    .find(|&&t| t as usize >= vocab)
-                {
-                    return Err(TrainError::BadToken {
-                        group: g.group_id.clone(),
-                        id,
-                        vocab,
-                    });
-                }
+                self.check_sequence(&g.group_id, i, s)?;
                 let seq = rows.len() as u32;
                 rows.push(Row {
                     tokens: s.prompt.iter().chain(&s.response).copied().collect(),
@@ -961,6 +921,54 @@ impl Trainer {
             adv.zero_variance_groups as f64,
         );
         Ok((rows, skel, m, mixed))
+    }
+
+    /// Refuses, by name, a sequence the model cannot take: longer than
+    /// its positions, over the token budget or `max_response_tokens`, or
+    /// with a token outside the vocabulary.
+    fn check_sequence(&self, group: &str, i: usize, s: &Sequence) -> Result<(), TrainError> {
+        let max_response = self.cfg.max_response_tokens;
+        let max = self.model_config.max_position_embeddings;
+        let vocab = self.model_config.vocab_size;
+        let len = s.prompt.len() + s.response.len();
+        if len > max {
+            return Err(TrainError::TooLong {
+                group: group.to_string(),
+                index: i,
+                len,
+                max,
+            });
+        }
+        let budget = self.cfg.micro_batch_tokens;
+        if budget > 0 && len > budget {
+            return Err(TrainError::OverBudget {
+                group: group.to_string(),
+                index: i,
+                len,
+                budget,
+            });
+        }
+        if max_response > 0 && s.response.len() > max_response {
+            return Err(TrainError::ResponseTooLong {
+                group: group.to_string(),
+                index: i,
+                len: s.response.len(),
+                max: max_response,
+            });
+        }
+        if let Some(&id) = s
+            .prompt
+            .iter()
+            .chain(&s.response)
+            .find(|&&t| t as usize >= vocab)
+        {
+            return Err(TrainError::BadToken {
+                group: group.to_string(),
+                id,
+                vocab,
+            });
+        }
+        Ok(())
     }
 
     /// The KL penalties of this batch: (frozen policy, coefficient,
