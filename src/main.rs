@@ -52,6 +52,8 @@ enum Command {
     Loss(commands::loss::LossArgs),
     /// The training rollouts a run kept, filtered, as text to read.
     Rollouts(commands::rollouts::RolloutsArgs),
+    /// A run's report.html written again from its files.
+    Report(commands::report::ReportArgs),
     /// Benchmarks of the hot paths, each beside a reference (built with
     /// `--features bench`).
     #[cfg(feature = "bench")]
@@ -76,6 +78,7 @@ fn main() -> anyhow::Result<()> {
         // A pure computation: no runtime, and stdout holds only its JSON.
         Command::Loss(args) => commands::loss::run(args),
         Command::Rollouts(args) => commands::rollouts::run(args),
+        Command::Report(args) => commands::report::run(args),
         Command::Buffer(args) => run_async(commands::buffer::run(args)),
         Command::Learner(args) => run_async(commands::learner::run(args)),
         Command::Actor(args) => run_async(commands::actor::run(args)),

@@ -432,7 +432,7 @@ const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:1320px;marg
     .charts svg{width:100%;height:auto}\
     table.rollouts td{vertical-align:top}table.rollouts pre{white-space:pre-wrap;margin:0;\
     max-width:560px}tr.right td:first-child{background:#e6f4ea}\
-    tr.wrong td:first-child{background:#fce8e6}span.env{color:#777}details{margin:.4em 0}";
+    tr.wrong td:first-child{background:#fce8e6}span.env{color:#777}details{margin:.4em 0}div.between{margin-left:1.5em}";
 
 /// The page, without the charts.
 pub fn html_head(s: &LocalRunSummary, records: &[StepRecord]) -> anyhow::Result<String> {

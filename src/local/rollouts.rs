@@ -94,41 +94,60 @@ pub fn html_section(samples: &[RolloutSample]) -> String {
     );
     let mut steps: Vec<u64> = samples.iter().map(|s| s.step).collect();
     steps.dedup();
+    // The first and the last evaluation open (what the model wrote before
+    // and after), the ones between folded into one block.
+    let n = steps.len();
     for (i, step) in steps.iter().enumerate() {
-        let open = if i + 1 == steps.len() { " open" } else { "" };
-        let mine: Vec<&RolloutSample> = samples.iter().filter(|s| s.step == *step).collect();
-        let rewarded = mine.iter().filter(|s| s.rewarded).count();
-        let _ = write!(
-            html,
-            "<details{open}><summary>step {step}: {rewarded} rewarded, {} unrewarded</summary>\
-             <table class=\"rollouts\"><tr><th>reward</th><th>versions</th><th>truncated</th>\
-             <th>prompt</th><th>response</th></tr>",
-            mine.len() - rewarded
-        );
-        for s in mine {
-            let parts: String = s
-                .parts
-                .iter()
-                .map(|p| match p.by.as_str() {
-                    "policy" => escape(&p.text),
-                    _ => format!("<span class=\"env\">{}</span>", escape(&p.text)),
-                })
-                .collect();
+        if i == 1 && n > 2 {
             let _ = write!(
                 html,
-                "<tr class=\"{}\"><td class=\"n\">{}</td><td>{}-{}</td><td>{}</td>\
-                 <td><pre>{}</pre></td><td><pre>{parts}</pre></td></tr>",
-                if s.rewarded { "right" } else { "wrong" },
-                s.reward,
-                s.versions[0],
-                s.versions[1],
-                if s.truncated { "yes" } else { "no" },
-                escape(&s.prompt),
+                "<details><summary>{} more evaluation steps</summary><div class=\"between\">",
+                n - 2
             );
         }
-        html.push_str("</table></details>");
+        let open = i == 0 || i + 1 == n;
+        step_block(&mut html, *step, samples, open);
+        if i + 2 == n && n > 2 {
+            html.push_str("</div></details>");
+        }
     }
     html
+}
+
+/// One evaluation step's samples as a collapsible table.
+fn step_block(html: &mut String, step: u64, samples: &[RolloutSample], open: bool) {
+    let mine: Vec<&RolloutSample> = samples.iter().filter(|s| s.step == step).collect();
+    let rewarded = mine.iter().filter(|s| s.rewarded).count();
+    let _ = write!(
+        html,
+        "<details{}><summary>step {step}: {rewarded} rewarded, {} unrewarded</summary>\
+         <table class=\"rollouts\"><tr><th>reward</th><th>versions</th><th>truncated</th>\
+         <th>prompt</th><th>response</th></tr>",
+        if open { " open" } else { "" },
+        mine.len() - rewarded
+    );
+    for s in mine {
+        let parts: String = s
+            .parts
+            .iter()
+            .map(|p| match p.by.as_str() {
+                "policy" => escape(&p.text),
+                _ => format!("<span class=\"env\">{}</span>", escape(&p.text)),
+            })
+            .collect();
+        let _ = write!(
+            html,
+            "<tr class=\"{}\"><td class=\"n\">{}</td><td>{}-{}</td><td>{}</td>\
+             <td><pre>{}</pre></td><td><pre>{parts}</pre></td></tr>",
+            if s.rewarded { "right" } else { "wrong" },
+            s.reward,
+            s.versions[0],
+            s.versions[1],
+            if s.truncated { "yes" } else { "no" },
+            escape(&s.prompt),
+        );
+    }
+    html.push_str("</table></details>");
 }
 
 /// The most samples of one kind at any step (the learner's setting).
@@ -210,8 +229,15 @@ mod tests {
         let html = html_section(&[sample(10, true, "<b>4</b>"), sample(20, false, "5")]);
         assert!(html.contains("&lt;b&gt;4&lt;/b&gt;"), "{html}");
         assert!(html.contains("<span class=\"env\">&lt;result&gt;4&lt;/result&gt;</span>"));
-        assert_eq!(html.matches("<details").count(), 2);
-        assert_eq!(html.matches("<details open>").count(), 1);
+        // Two steps: both open.
+        assert_eq!(html.matches("<details open>").count(), 2);
+        // Four: the first and last open, the two between folded together.
+        let four: Vec<_> = [10, 20, 30, 40].map(|t| sample(t, true, "4")).to_vec();
+        let html = html_section(&four);
+        assert_eq!(html.matches("<details open>").count(), 2);
+        assert!(html.contains("<details><summary>2 more evaluation steps</summary>"));
+        let folded = html.split("more evaluation steps").nth(1).unwrap();
+        assert!(folded.find("step 20:").unwrap() < folded.find("step 40:").unwrap());
         let text = to_text(&sample(20, false, "5"));
         assert!(
             text.starts_with("step 20  group g20  reward 0  unrewarded  versions 19-20  TRUNCATED")
