@@ -95,7 +95,14 @@ async fn only_a_certified_actor_is_served(addr: &str, tls: &Path) {
     let url = format!("https://{addr}");
     let anonymous = Remote::new(&cfg, &url, true).unwrap();
     let refused = anonymous.describe().await.unwrap_err();
-    assert!(refused.message.contains("transport error"), "{refused}");
+    // The server drops the connection in the handshake; whether the call
+    // sees that as a transport error or as its request cancelled is a
+    // race (both seen under load), and neither is an answer.
+    let m = &refused.message;
+    assert!(
+        m.contains("transport error") || m.contains("operation was canceled"),
+        "{refused}"
+    );
     cfg.cert = Some(tls.join("actor.pem"));
     cfg.key = Some(tls.join("actor.key"));
     let certified = Remote::new(&cfg, &url, true).unwrap();
