@@ -98,6 +98,62 @@ pub async fn run(
             opts.reward.endpoint
         );
     }
+    let episodes = episodes(&cfg, &task, &tokenizer, &opts).await?;
+    let channel = tls::connector(&opts.buffer, opts.tls.as_ref())
+        .with_context(|| format!("buffer address {:?}", opts.buffer))?
+        .connect_lazy();
+    let client = RolloutSinkClient::new(channel);
+    let leasing = cfg.lease.then(|| {
+        Leasing::new(
+            client.clone(),
+            Duration::from_secs_f64(cfg.lease_weight_wait_s),
+        )
+    });
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let weights = follow_weights(&cfg, &opts, stop_rx)?;
+    let shared = Arc::new(Shared {
+        cfg: cfg.clone(),
+        task,
+        verifier,
+        episodes,
+        retry: Retry::from(&opts.reward),
+        tokenizer,
+        stop_tokens,
+        generator: weights.generator,
+        client,
+        leasing,
+        actor_id: opts.actor_id.clone(),
+        handle: tokio::runtime::Handle::current(),
+        groups: AtomicU64::new(0),
+        tokens: AtomicU64::new(0),
+    });
+    let phases = Arc::new(Shutdown::new());
+    let mut slots = spawn_slots(&shared, &phases, &weights.cell);
+    let failure = supervise(&mut slots, shutdown, weights.engine, &cfg, &phases).await;
+    let _ = stop_tx.send(true);
+    if let Some(e) = failure {
+        // Stop the other slots too: the process is about to exit non-zero.
+        phases.abort();
+        while slots.join_next().await.is_some() {}
+        weights.follower.abort();
+        return Err(e);
+    }
+    let _ = weights.follower.await;
+    Ok(ActorSummary {
+        groups: shared.groups.load(Ordering::Relaxed),
+        tokens: shared.tokens.load(Ordering::Relaxed),
+    })
+}
+
+/// Multi-turn episodes instead of single responses, when `[actor.env]`
+/// asks for them.
+async fn episodes(
+    cfg: &ActorConfig,
+    task: &Arc<dyn Task>,
+    tokenizer: &Arc<TextTokenizer>,
+    opts: &ActorOptions,
+) -> anyhow::Result<Option<Arc<env::EnvSetup>>> {
     let episodes = env::setup(
         &cfg.env,
         cfg.sampling.max_new_tokens,
@@ -114,19 +170,26 @@ pub async fn run(
         };
         tracing::info!("a group's episodes play {how} ([actor.env] parallel_members)");
     }
-    let channel = tls::connector(&opts.buffer, opts.tls.as_ref())
-        .with_context(|| format!("buffer address {:?}", opts.buffer))?
-        .connect_lazy();
-    let client = RolloutSinkClient::new(channel);
-    let leasing = cfg.lease.then(|| {
-        Leasing::new(
-            client.clone(),
-            Duration::from_secs_f64(cfg.lease_weight_wait_s),
-        )
-    });
+    Ok(episodes)
+}
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let (abort_tx, abort_rx) = watch::channel(false);
+/// Where the slots' weights come from: the learner's stream, followed in
+/// the background, and with vLLM the engine that serves them.
+struct Weights {
+    follower: tokio::task::JoinHandle<()>,
+    generator: Generator,
+    /// What the slots generate with: what arrived (Burn), or what the
+    /// engine serves (vLLM).
+    cell: PolicyCell,
+    /// The vLLM engine's background task.
+    engine: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+fn follow_weights(
+    cfg: &ActorConfig,
+    opts: &ActorOptions,
+    stop_rx: watch::Receiver<bool>,
+) -> anyhow::Result<Weights> {
     let (cell_tx, cell_rx) = watch::channel(None);
     let follower = tokio::spawn(subscription::follow(
         opts.learner.clone(),
@@ -137,8 +200,7 @@ pub async fn run(
         cell_tx,
         stop_rx.clone(),
     ));
-    // With vLLM the slots follow what the engine serves, not what arrived.
-    let (generator, cell_rx, engine) = match cfg.engine {
+    let (generator, cell, engine) = match cfg.engine {
         EngineKind::Burn => (Generator::Burn, cell_rx, None),
         EngineKind::Vllm => {
             let s = vllm::start(
@@ -146,70 +208,42 @@ pub async fn run(
                 cfg.mode,
                 opts.model_dir.clone(),
                 cell_rx,
-                stop_rx.clone(),
+                stop_rx,
             )?;
             (Generator::Vllm(s.engine), s.serving, Some(s.background))
         }
     };
-
-    let abort_flag = Arc::new(AtomicBool::new(false));
-    let stopping = Arc::new(StopFlag::new());
-    let groups_done = Arc::new(AtomicU64::new(0));
-    let tokens_done = Arc::new(AtomicU64::new(0));
-    let nonce: u32 = SmallRng::from_os_rng().random();
-    let handle = tokio::runtime::Handle::current();
-    let mut slots = tokio::task::JoinSet::new();
-    for slot in 0..cfg.concurrency {
-        let ctx = Slot {
-            cfg: cfg.clone(),
-            task: task.clone(),
-            verifier: verifier.clone(),
-            episodes: episodes.clone(),
-            retry: Retry::from(&opts.reward),
-            tokenizer: tokenizer.clone(),
-            stop_tokens: stop_tokens.clone(),
-            cell: cell_rx.clone(),
-            generator: generator.clone(),
-            client: client.clone(),
-            leasing: leasing.clone(),
-            abort_rx: abort_rx.clone(),
-            abort: abort_flag.clone(),
-            stopping: stopping.clone(),
-            groups: groups_done.clone(),
-            tokens: tokens_done.clone(),
-            actor_id: opts.actor_id.clone(),
-            // The nonce keeps group ids unique across restarts; it does
-            // not reach the sampling RNG (see `slot_rng`).
-            prefix: format!("{}-{nonce:08x}-{slot}", opts.actor_id),
-            slot,
-            handle: handle.clone(),
-        };
-        slots.spawn_blocking(move || ctx.run());
-    }
-    let failure = supervise(
-        &mut slots,
-        shutdown,
+    Ok(Weights {
+        follower,
+        generator,
+        cell,
         engine,
-        &cfg,
-        &stopping,
-        &abort_flag,
-        &abort_tx,
-    )
-    .await;
-    let _ = stop_tx.send(true);
-    if let Some(e) = failure {
-        // Stop the other slots too: the process is about to exit non-zero.
-        abort_flag.store(true, Ordering::Relaxed);
-        let _ = abort_tx.send(true);
-        while slots.join_next().await.is_some() {}
-        follower.abort();
-        return Err(e);
-    }
-    let _ = follower.await;
-    Ok(ActorSummary {
-        groups: groups_done.load(Ordering::Relaxed),
-        tokens: tokens_done.load(Ordering::Relaxed),
     })
+}
+
+/// One generation thread per `concurrency`, each with its own view of the
+/// weights cell.
+fn spawn_slots(
+    shared: &Arc<Shared>,
+    phases: &Arc<Shutdown>,
+    cell: &PolicyCell,
+) -> tokio::task::JoinSet<Result<(), SlotError>> {
+    // The nonce keeps group ids unique across restarts; it does not reach
+    // the sampling RNG (see `slot_rng`).
+    let nonce: u32 = SmallRng::from_os_rng().random();
+    let mut slots = tokio::task::JoinSet::new();
+    for slot in 0..shared.cfg.concurrency {
+        let s = Slot {
+            shared: shared.clone(),
+            shutdown: phases.clone(),
+            cell: cell.clone(),
+            abort_rx: phases.aborted(),
+            prefix: format!("{}-{nonce:08x}-{slot}", shared.actor_id),
+            slot,
+        };
+        slots.spawn_blocking(move || s.run());
+    }
+    slots
 }
 
 /// Waits for the slots to end, or for `shutdown` (then gives in-flight
@@ -220,9 +254,7 @@ async fn supervise(
     shutdown: impl std::future::Future<Output = ()>,
     engine: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     cfg: &ActorConfig,
-    stopping: &StopFlag,
-    abort: &AtomicBool,
-    abort_tx: &watch::Sender<bool>,
+    phases: &Shutdown,
 ) -> Option<anyhow::Error> {
     tokio::pin!(shutdown);
     let engine_failed = async {
@@ -256,14 +288,13 @@ async fn supervise(
             e = &mut engine_failed => return Some(slot_failed(e)),
             _ = &mut shutdown, if deadline.is_none() => {
                 tracing::info!("shutting down: finishing in-flight groups");
-                stopping.set();
+                phases.begin();
                 let grace = Duration::from_secs_f64(cfg.shutdown_grace_s.max(0.0));
                 deadline = Some(tokio::time::Instant::now() + grace);
             }
             _ = grace => {
                 tracing::warn!("in-flight groups did not finish within the grace period; aborting them");
-                abort.store(true, Ordering::Relaxed);
-                let _ = abort_tx.send(true);
+                phases.abort();
                 aborted = true;
             }
         }
@@ -283,8 +314,9 @@ pub enum SlotError {
     NoWeights,
 }
 
-/// One generation thread's state.
-struct Slot {
+/// What every generation slot shares: the setup, read-only, and the
+/// counters the summary reads.
+struct Shared {
     cfg: ActorConfig,
     task: Arc<dyn Task>,
     verifier: Arc<dyn Verifier>,
@@ -293,20 +325,61 @@ struct Slot {
     retry: Retry,
     tokenizer: Arc<TextTokenizer>,
     stop_tokens: Vec<u32>,
-    cell: PolicyCell,
     generator: Generator,
     client: RolloutSinkClient<tls::AuthChannel>,
     /// `None` with `lease = false`.
     leasing: Option<Arc<Leasing>>,
-    abort_rx: watch::Receiver<bool>,
-    abort: Arc<AtomicBool>,
-    stopping: Arc<StopFlag>,
-    groups: Arc<AtomicU64>,
-    tokens: Arc<AtomicU64>,
     actor_id: String,
+    handle: tokio::runtime::Handle,
+    groups: AtomicU64,
+    tokens: AtomicU64,
+}
+
+/// The actor's shutdown, in two phases, kept in step in one place: first
+/// no new groups (in-flight ones finish: SIGTERM), then, past the grace
+/// period or on a failure, in-flight ones stop at once. Slots poll the
+/// flags; whatever blocks (a lease, a wait for weights) awaits them.
+struct Shutdown {
+    stopping: StopFlag,
+    abort: Arc<AtomicBool>,
+    abort_tx: watch::Sender<bool>,
+}
+
+impl Shutdown {
+    fn new() -> Self {
+        Self {
+            stopping: StopFlag::new(),
+            abort: Arc::new(AtomicBool::new(false)),
+            abort_tx: watch::channel(false).0,
+        }
+    }
+
+    /// Phase one: take no new groups.
+    fn begin(&self) {
+        self.stopping.set();
+    }
+
+    /// Phase two: stop what is in flight.
+    fn abort(&self) {
+        self.stopping.set();
+        self.abort.store(true, Ordering::Relaxed);
+        let _ = self.abort_tx.send(true);
+    }
+
+    /// A receiver that sees [`Shutdown::abort`].
+    fn aborted(&self) -> watch::Receiver<bool> {
+        self.abort_tx.subscribe()
+    }
+}
+
+/// One generation thread's state.
+struct Slot {
+    shared: Arc<Shared>,
+    shutdown: Arc<Shutdown>,
+    cell: PolicyCell,
+    abort_rx: watch::Receiver<bool>,
     prefix: String,
     slot: usize,
-    handle: tokio::runtime::Handle,
 }
 
 impl Slot {
@@ -315,19 +388,19 @@ impl Slot {
             return Ok(());
         }
         let mut rng = slot_rng(
-            &self.actor_id,
+            &self.shared.actor_id,
             self.slot,
-            self.cfg.sampling.seed,
-            self.cfg.os_entropy,
+            self.shared.cfg.sampling.seed,
+            self.shared.cfg.os_entropy,
         );
         let mut n = 0u64;
-        let mut params = self.cfg.sampling.clone();
-        params.stop_tokens = self.stop_tokens.clone();
-        while !self.stopping.is_set()
-            && (self.cfg.max_groups == 0
-                || self.groups.load(Ordering::Relaxed) < self.cfg.max_groups)
+        let mut params = self.shared.cfg.sampling.clone();
+        params.stop_tokens = self.shared.stop_tokens.clone();
+        while !self.shutdown.stopping.is_set()
+            && (self.shared.cfg.max_groups == 0
+                || self.shared.groups.load(Ordering::Relaxed) < self.shared.cfg.max_groups)
         {
-            let problem = self.task.train_problem(rng.random());
+            let problem = self.shared.task.train_problem(rng.random());
             let Some(prompt) = self.prompt(&problem) else {
                 continue;
             };
@@ -355,7 +428,7 @@ impl Slot {
             let start = self.cell.borrow_and_update().clone().unwrap_or(start);
             params.seed = rng.random();
             let t0 = Instant::now();
-            let made = match self.episodes.clone() {
+            let made = match self.shared.episodes.clone() {
                 Some(setup) => self.episode_group(&setup, &problem, &params, &group_id),
                 None => self.single_turn_group(start, &problem, &prompt, &params, &group_id),
             };
@@ -365,7 +438,7 @@ impl Slot {
                     // Dropped and counted where it failed; its room goes
                     // back to the buffer now, not at the lease's TTL.
                     if let Admitted::Leased(held) = lease {
-                        held.give_back(&self.handle);
+                        held.give_back(&self.shared.handle);
                     }
                     continue;
                 }
@@ -404,7 +477,7 @@ impl Slot {
         };
         let origin = Origin {
             group_id,
-            actor_id: &self.actor_id,
+            actor_id: &self.shared.actor_id,
             incarnation,
         };
         GroupMade::Rollouts(self.pack(params, problem, prompt, responses, scores, &origin))
@@ -419,36 +492,40 @@ impl Slot {
         params: &SamplingParams,
         group_id: &str,
     ) -> GroupMade {
-        let runner = setup.runner(&self.tokenizer, &self.stop_tokens, &self.handle);
-        let members = (0..self.cfg.group_size as u64)
+        let runner = setup.runner(
+            &self.shared.tokenizer,
+            &self.shared.stop_tokens,
+            &self.shared.handle,
+        );
+        let members = (0..self.shared.cfg.group_size as u64)
             .map(|member| {
                 let model = SlotModel {
-                    engine: self.generator.clone(),
+                    engine: self.shared.generator.clone(),
                     cell: self.cell.clone(),
-                    mode: self.cfg.mode,
+                    mode: self.shared.cfg.mode,
                     params: params.clone(),
                     member,
-                    abort: self.abort.clone(),
+                    abort: self.shutdown.abort.clone(),
                     abort_rx: self.abort_rx.clone(),
-                    handle: self.handle.clone(),
+                    handle: self.shared.handle.clone(),
                 };
                 let input = ResetInput {
-                    task: self.task.name(),
+                    task: self.shared.task.name(),
                     problem,
                     seed: fnv1a(&format!("{}-{member}", params.seed)),
                 };
                 (input, model)
             })
             .collect();
-        let mut episodes = Vec::with_capacity(self.cfg.group_size);
-        for end in runner.run_group(members, self.cfg.members()) {
+        let mut episodes = Vec::with_capacity(self.shared.cfg.group_size);
+        for end in runner.run_group(members, self.shared.cfg.members()) {
             match end {
                 EpisodeEnd::Done(ep) => episodes.push(*ep),
                 EpisodeEnd::Stopped => return GroupMade::Stop,
                 EpisodeEnd::Dropped(_) => {}
             }
         }
-        if episodes.len() < self.cfg.group_size {
+        if episodes.len() < self.shared.cfg.group_size {
             // A member was dropped (counted where it failed).
             return GroupMade::Skip;
         }
@@ -460,19 +537,19 @@ impl Slot {
         }
         let source = format!("env:{}", setup.info.name);
         let packing = Packing {
-            task: self.task.name(),
-            shaping: &self.cfg.shaping,
+            task: self.shared.task.name(),
+            shaping: &self.shared.cfg.shaping,
             sampling: params,
             source: &source,
         };
         let origin = Origin {
             group_id,
-            actor_id: &self.actor_id,
+            actor_id: &self.shared.actor_id,
             incarnation,
         };
         let p = EpisodePacking {
             packing: &packing,
-            task: &*self.task,
+            task: &*self.shared.task,
             problem,
         };
         let rollouts = episode::pack(&p, episodes, &origin);
@@ -486,7 +563,7 @@ impl Slot {
     /// The problem's prompt in tokens; `None` (logged) when it is empty or
     /// does not tokenize: the slot moves on to the next problem.
     fn prompt(&self, problem: &Problem) -> Option<Vec<u32>> {
-        match self.tokenizer.encode(&problem.prompt) {
+        match self.shared.tokenizer.encode(&problem.prompt) {
             Ok(p) if !p.is_empty() => Some(p),
             Ok(_) => {
                 tracing::warn!(problem = %problem.id, "empty prompt; skipped");
@@ -509,10 +586,10 @@ impl Slot {
         scores: Vec<reward::Scored>,
         origin: &Origin<'_>,
     ) -> Vec<bapo_proto::v1::Rollout> {
-        let source = self.verifier.name();
+        let source = self.shared.verifier.name();
         let packing = Packing {
-            task: self.task.name(),
-            shaping: &self.cfg.shaping,
+            task: self.shared.task.name(),
+            shaping: &self.shared.cfg.shaping,
             sampling: params,
             source: &source,
         };
@@ -531,17 +608,18 @@ impl Slot {
             .iter()
             .map(|r| (r.response_tokens.len() / 4) as u64)
             .sum();
-        let mut client = self.client.clone();
+        let mut client = self.shared.client.clone();
         let mut abort = self.abort_rx.clone();
         match self
+            .shared
             .handle
             .block_on(push_group(&mut client, rollouts, &mut abort))
         {
             Ok(ack) => {
                 counter!(names::GROUPS).increment(1);
                 counter!(names::TOKENS).increment(n_tokens);
-                self.groups.fetch_add(1, Ordering::Relaxed);
-                self.tokens.fetch_add(n_tokens, Ordering::Relaxed);
+                self.shared.groups.fetch_add(1, Ordering::Relaxed);
+                self.shared.tokens.fetch_add(n_tokens, Ordering::Relaxed);
                 if let Some(v) = self.cell.borrow().as_ref() {
                     gauge!(names::VERSIONS_BEHIND)
                         .set(ack.learner_version.saturating_sub(v.version) as f64);
@@ -596,14 +674,14 @@ impl Slot {
     fn wait_for_weights(&mut self) -> Result<bool, SlotError> {
         let mut cell = self.cell.clone();
         let mut abort = self.abort_rx.clone();
-        let got = self.handle.block_on(async {
+        let got = self.shared.handle.block_on(async {
             tokio::select! {
                 r = cell.wait_for(|c| c.is_some()) => r.map(|_| true).map_err(|_| SlotError::NoWeights),
                 _ = abort.wait_for(|a| *a) => Ok(false),
             }
         });
         match got {
-            Err(_) if self.stopping.is_set() => Ok(false),
+            Err(_) if self.shutdown.stopping.is_set() => Ok(false),
             got => got,
         }
     }
@@ -612,13 +690,17 @@ impl Slot {
     fn generate(&mut self, start: Arc<Versioned>, prompt: &[u32], params: &SamplingParams) -> Made {
         let slot = crate::generator::Slot {
             cell: &mut self.cell,
-            mode: self.cfg.mode,
-            abort: &self.abort,
+            mode: self.shared.cfg.mode,
+            abort: &self.shutdown.abort,
             abort_rx: &self.abort_rx,
-            handle: &self.handle,
+            handle: &self.shared.handle,
         };
-        let k = self.cfg.group_size;
-        match self.generator.generate(slot, start, prompt, k, params) {
+        let k = self.shared.cfg.group_size;
+        match self
+            .shared
+            .generator
+            .generate(slot, start, prompt, k, params)
+        {
             Generated::Done(responses, incarnation) => Made::Group(responses, incarnation),
             Generated::Stopped => Made::Stop,
             Generated::Failed(e) => {
@@ -640,14 +722,15 @@ impl Slot {
     /// Leases room for `group_id` in the buffer before it is generated
     /// (see `lease.rs`), unless leases are off.
     fn admit(&self, group_id: &str) -> Admitted {
-        let Some(leasing) = &self.leasing else {
+        let Some(leasing) = &self.shared.leasing else {
             return Admitted::Unleased;
         };
         let mut stop = Stop {
             abort: self.abort_rx.clone(),
-            stopping: &self.stopping,
+            stopping: &self.shutdown.stopping,
         };
-        self.handle
+        self.shared
+            .handle
             .block_on(leasing.admit(group_id, &self.cell, &mut stop))
     }
 
@@ -658,16 +741,16 @@ impl Slot {
         problem: &Problem,
         responses: &[Response],
     ) -> Option<Result<Vec<reward::Scored>, reward::RewardError>> {
-        let completions = completions(&self.tokenizer, &self.stop_tokens, responses);
+        let completions = completions(&self.shared.tokenizer, &self.shared.stop_tokens, responses);
         let group = reward::Group {
-            task: self.task.name(),
+            task: self.shared.task.name(),
             problem,
             completions: &completions,
         };
         let mut abort = self.abort_rx.clone();
-        self.handle.block_on(async {
+        self.shared.handle.block_on(async {
             tokio::select! {
-                r = score_group(&*self.verifier, group, self.retry) => Some(r),
+                r = score_group(&*self.shared.verifier, group, self.shared.retry) => Some(r),
                 _ = abort.wait_for(|a| *a) => None,
             }
         })
