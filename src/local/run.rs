@@ -27,19 +27,7 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<LocalRunSummary> {
     let mut cfg = opts.resolve()?;
     // Refused here, by name, rather than after the warm start.
     cfg.model.burn_device()?;
-    let out = cfg.run.out.clone().unwrap_or_else(|| {
-        let t = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        PathBuf::from(format!("runs/{t}"))
-    });
-    let logs = out.join("logs");
-    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-    // This process's own log lines (warm start, evaluations) beside the
-    // services': the terminal keeps the progress and the summary.
-    crate::telemetry::set_run_log(&logs.join("run.log"))
-        .with_context(|| format!("opening {}", logs.join("run.log").display()))?;
-    eprintln!("bapo run: {} (logs in {})", out.display(), logs.display());
+    let (out, logs) = run_dir(&cfg)?;
 
     // 1. Warm start, and the model RL starts from.
     let t_sft = Instant::now();
@@ -62,32 +50,9 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<LocalRunSummary> {
     );
 
     // 2. Services, followed until the learner finishes.
-    let (services, mut children) = Children::start(&config_path, &out, &logs, cfg.run.actors)?;
-    std::fs::write(
-        out.join("services.json"),
-        serde_json::to_string_pretty(&services)?,
-    )?;
     let t_rl = Instant::now();
-    let metrics = out.join("metrics.jsonl");
-    let mut seen = tail::follow(
-        &mut children,
-        &services,
-        &metrics,
-        cfg.learner.steps,
-        opts.quiet,
-    )
-    .await?;
+    let seen = services(&cfg, &config_path, &out, &logs, opts.quiet).await?;
     let rl_seconds = t_rl.elapsed().as_secs_f64();
-    if let Some(s) = tail::buffer_books(&services).await {
-        seen.buffer = Some(s);
-    }
-    children.stop().await;
-    if seen.interrupted {
-        bail!(
-            "interrupted; the run directory {} holds what was done",
-            out.display()
-        );
-    }
 
     // 3. Final evaluation and report.
     let fin = evaluate(&cfg, &config_path, out.join("final")).await?;
@@ -98,22 +63,81 @@ pub async fn run(opts: &RunOptions) -> anyhow::Result<LocalRunSummary> {
         total_seconds: t_start.elapsed().as_secs_f64(),
     };
     let summary = summarise(&cfg, &warm, &fin, seen, timing);
+    write_results(&cfg, &out, &summary).await?;
+    Ok(summary)
+}
+
+/// The run directory (`runs/<unix time>` unless named) and its `logs/`,
+/// where this process's own log lines go too: the terminal keeps the
+/// progress and the summary.
+fn run_dir(cfg: &ConfigFile) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let out = cfg.run.out.clone().unwrap_or_else(|| {
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        PathBuf::from(format!("runs/{t}"))
+    });
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    crate::telemetry::set_run_log(&logs.join("run.log"))
+        .with_context(|| format!("opening {}", logs.join("run.log").display()))?;
+    eprintln!("bapo run: {} (logs in {})", out.display(), logs.display());
+    Ok((out, logs))
+}
+
+/// The buffer, learner and actors as child processes, followed until the
+/// learner finishes, then stopped; the buffer's books read before.
+async fn services(
+    cfg: &ConfigFile,
+    config_path: &Path,
+    out: &Path,
+    logs: &Path,
+    quiet: bool,
+) -> anyhow::Result<Followed> {
+    let (services, mut children) = Children::start(config_path, out, logs, cfg.run.actors)?;
+    std::fs::write(
+        out.join("services.json"),
+        serde_json::to_string_pretty(&services)?,
+    )?;
+    let metrics = out.join("metrics.jsonl");
+    let mut seen =
+        tail::follow(&mut children, &services, &metrics, cfg.learner.steps, quiet).await?;
+    if let Some(s) = tail::buffer_books(&services).await {
+        seen.buffer = Some(s);
+    }
+    children.stop().await;
+    if seen.interrupted {
+        bail!(
+            "interrupted; the run directory {} holds what was done",
+            out.display()
+        );
+    }
+    Ok(seen)
+}
+
+/// `summary.json`, the report, and with `[learner.mlflow]` the files
+/// uploaded to the learner's MLflow run.
+async fn write_results(
+    cfg: &ConfigFile,
+    out: &Path,
+    summary: &LocalRunSummary,
+) -> anyhow::Result<()> {
     std::fs::write(
         out.join("summary.json"),
-        serde_json::to_string_pretty(&summary)?,
+        serde_json::to_string_pretty(summary)?,
     )?;
-    report::write(&out, &summary).context("writing the report")?;
+    report::write(out, summary).context("writing the report")?;
     eprintln!(
         "report: {} (every number: summary.json)",
         out.join("report.html").display()
     );
     if let Some(m) = cfg.learner.mlflow.clone() {
-        let dir = out.clone();
+        let dir = out.to_path_buf();
         tokio::task::spawn_blocking(move || log_artefacts(&m, &dir))
             .await
             .context("uploading to MLflow panicked")?;
     }
-    Ok(summary)
+    Ok(())
 }
 
 /// The run's files as artefacts of the learner's MLflow run: the summary,
