@@ -686,14 +686,7 @@ impl Trainer {
                 Some(_) => Vec::new(),
             },
         };
-        // Entropy and KL are means over the policy's tokens: an
-        // environment's observations weigh nothing.
-        let inv_tokens = 1.0 / skel.masked_count().max(1) as f32;
-        let token_weight: Vec<f32> = skel
-            .mask
-            .iter()
-            .map(|&m| if m { inv_tokens } else { 0.0 })
-            .collect();
+        let token_weight = token_weights(skel);
         let mut sums = Sums {
             entropy: 0.0,
             kl: vec![0.0; terms.kl.len()],
@@ -722,16 +715,7 @@ impl Trainer {
         let (loss_out, batch) = host.finish()?;
         let seq_log_weights = seq_log_weights(rows, &batch);
         metrics.extend(loss_out.metrics.clone());
-        metrics.extend(ratio_metrics(&batch));
-        metrics.extend(mismatch_metrics(&batch));
-        metrics.insert(Metric::Entropy.into(), sums.entropy);
-        if let Some((in_use, reserved)) = peak_mem {
-            metrics.insert("device_mem_in_use_gib".into(), memory::gib(in_use));
-            metrics.insert("device_mem_reserved_gib".into(), memory::gib(reserved));
-        }
-        for ((_, _, name), v) in terms.kl.iter().zip(sums.kl) {
-            metrics.insert((*name).into(), v);
-        }
+        step_metrics(&mut metrics, &batch, &terms, sums, peak_mem);
         Ok(Backward {
             grads: accum.grads(),
             loss: loss_out,
@@ -1056,6 +1040,38 @@ fn compute_loss(
     let batch = token_batch(skel, lp)?;
     let out = loss.compute(&batch, denoms);
     Ok((out, batch))
+}
+
+/// `1/N` on each of the policy's `N` tokens, 0 elsewhere: entropy and KL
+/// are means over the policy's tokens, an environment's observations
+/// weigh nothing.
+fn token_weights(skel: &TokenBatch) -> Vec<f32> {
+    let inv_tokens = 1.0 / skel.masked_count().max(1) as f32;
+    skel.mask
+        .iter()
+        .map(|&m| if m { inv_tokens } else { 0.0 })
+        .collect()
+}
+
+/// What a backward pass adds to the step's metrics besides the loss's:
+/// ratio and mismatch statistics, entropy, KL terms, device memory.
+fn step_metrics(
+    metrics: &mut BTreeMap<String, f64>,
+    batch: &TokenBatch,
+    terms: &Terms<'_>,
+    sums: Sums,
+    peak_mem: Option<(u64, u64)>,
+) {
+    metrics.extend(ratio_metrics(batch));
+    metrics.extend(mismatch_metrics(batch));
+    metrics.insert(Metric::Entropy.into(), sums.entropy);
+    if let Some((in_use, reserved)) = peak_mem {
+        metrics.insert("device_mem_in_use_gib".into(), memory::gib(in_use));
+        metrics.insert("device_mem_reserved_gib".into(), memory::gib(reserved));
+    }
+    for ((_, _, name), v) in terms.kl.iter().zip(sums.kl) {
+        metrics.insert((*name).into(), v);
+    }
 }
 
 /// The batch algorithm of `cfg.algo`; `initial`: the starting policy
