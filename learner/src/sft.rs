@@ -144,37 +144,20 @@ pub fn sft(
     let mut next = cfg.first_problem;
     for step in 0..cfg.steps {
         let t0 = Instant::now();
-        let mut rows = Vec::with_capacity(cfg.batch);
-        while rows.len() < cfg.batch {
-            let p = task.train_problem(next);
-            next += 1;
-            let prompt = tokenizer.encode(&p.prompt)?;
-            let mut answer = tokenizer.encode(&p.solution)?;
-            answer.push(stop);
-            let len = prompt.len() + answer.len();
-            if prompt.is_empty() || len > config.max_position_embeddings {
-                continue;
-            }
-            rows.push((prompt, answer));
-        }
+        let rows = next_rows(
+            task,
+            tokenizer,
+            stop,
+            cfg.batch,
+            config.max_position_embeddings,
+            &mut next,
+        )?;
         let t = rows
             .iter()
             .map(|(p, a)| p.len() + a.len())
             .max()
             .unwrap_or(2);
-        let mut ids = Vec::with_capacity(rows.len() * t);
-        let mut weights = vec![0.0f32; rows.len() * (t - 1)];
-        let n_sup: usize = rows.iter().map(|(_, a)| a.len()).sum();
-        for (i, (p, a)) in rows.iter().enumerate() {
-            let start = i * t;
-            ids.extend(p.iter().chain(a).map(|&x| x as i64));
-            ids.resize(start + t, 0);
-            for j in 0..a.len() {
-                weights[i * (t - 1) + p.len() - 1 + j] = 1.0 / n_sup as f32;
-            }
-        }
-        let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [rows.len(), t]), &device);
-        let w = Tensor::<2>::from_data(TensorData::new(weights, [rows.len(), t - 1]), &device);
+        let (tokens, w) = supervised_batch(&rows, t, &device);
         let logits = model.forward(tokens.clone(), &rope, None);
         let nll = next_token_logprobs(logits, tokens, 1.0).mul(w).sum().neg();
         let nll_value = nll.clone().into_scalar::<f32>() as f64;
@@ -200,6 +183,56 @@ pub fn sft(
         }
     }
     Ok(Policy::with_model(config, model.valid(), &plain))
+}
+
+/// The next `batch` worked solutions from problem `*next` on, tokenized,
+/// the answer ending in `stop`; an empty prompt or one too long for the
+/// model is skipped.
+fn next_rows(
+    task: &dyn Task,
+    tokenizer: &TextTokenizer,
+    stop: u32,
+    batch: usize,
+    max_len: usize,
+    next: &mut u64,
+) -> anyhow::Result<Vec<(Vec<u32>, Vec<u32>)>> {
+    let mut rows = Vec::with_capacity(batch);
+    while rows.len() < batch {
+        let p = task.train_problem(*next);
+        *next += 1;
+        let prompt = tokenizer.encode(&p.prompt)?;
+        let mut answer = tokenizer.encode(&p.solution)?;
+        answer.push(stop);
+        if prompt.is_empty() || prompt.len() + answer.len() > max_len {
+            continue;
+        }
+        rows.push((prompt, answer));
+    }
+    Ok(rows)
+}
+
+/// `rows` padded to `t` tokens, and the weight of each next-token
+/// log-prob: `1/n` on the `n` answer tokens of the batch, 0 on prompts
+/// and padding (a token mean of the answers' NLL).
+fn supervised_batch(
+    rows: &[(Vec<u32>, Vec<u32>)],
+    t: usize,
+    device: &Device,
+) -> (Tensor<2, Int>, Tensor<2>) {
+    let mut ids = Vec::with_capacity(rows.len() * t);
+    let mut weights = vec![0.0f32; rows.len() * (t - 1)];
+    let n_sup: usize = rows.iter().map(|(_, a)| a.len()).sum();
+    for (i, (p, a)) in rows.iter().enumerate() {
+        let start = i * t;
+        ids.extend(p.iter().chain(a).map(|&x| x as i64));
+        ids.resize(start + t, 0);
+        for j in 0..a.len() {
+            weights[i * (t - 1) + p.len() - 1 + j] = 1.0 / n_sup as f32;
+        }
+    }
+    let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [rows.len(), t]), device);
+    let w = Tensor::<2>::from_data(TensorData::new(weights, [rows.len(), t - 1]), device);
+    (tokens, w)
 }
 
 /// The fixed training problems the early stop decodes, and how long their
