@@ -81,6 +81,22 @@ pub struct Episode {
     pub info: BTreeMap<String, String>,
 }
 
+impl Episode {
+    /// Appends an environment's observation after `turn`: context for the
+    /// next turn, no loss (mask 0, log-prob 0), labelled with the version
+    /// of the turn it answers.
+    fn observe(&mut self, tokens: Vec<u32>, turn: u32) {
+        let version = self.versions.last().copied().unwrap_or(0);
+        let n = tokens.len();
+        self.observation_tokens += n;
+        self.tokens.extend(tokens);
+        self.logprobs.extend(std::iter::repeat_n(0.0, n));
+        self.versions.extend(std::iter::repeat_n(version, n));
+        self.mask.extend(std::iter::repeat_n(0, n));
+        self.turn_ids.extend(std::iter::repeat_n(turn, n));
+    }
+}
+
 /// How an episode ended.
 #[derive(Debug)]
 pub enum EpisodeEnd {
@@ -294,14 +310,7 @@ impl Runner<'_> {
             if ep.tokens.len() + rendered.tokens.len() >= self.limits.max_tokens {
                 break;
             }
-            let version = ep.versions.last().copied().unwrap_or(0);
-            let n = rendered.tokens.len();
-            ep.observation_tokens += n;
-            ep.tokens.extend(rendered.tokens);
-            ep.logprobs.extend(std::iter::repeat_n(0.0, n));
-            ep.versions.extend(std::iter::repeat_n(version, n));
-            ep.mask.extend(std::iter::repeat_n(0, n));
-            ep.turn_ids.extend(std::iter::repeat_n(turn, n));
+            ep.observe(rendered.tokens, turn);
         }
         EpisodeEnd::Done(Box::new(ep))
     }
