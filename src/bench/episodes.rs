@@ -38,17 +38,7 @@ pub struct EpisodesBenchArgs {
 }
 
 pub fn run(args: EpisodesBenchArgs) -> anyhow::Result<()> {
-    let device = Device::flex();
-    let (policy, tokenizer) = match &args.init {
-        Some(dir) => {
-            let (p, _) = ModelSpec::from_dir(dir.clone()).load(&device)?;
-            (p, TextTokenizer::from_file(&dir.join("tokenizer.json"))?)
-        }
-        None => {
-            let c = ModelConfig::preset("tiny")?;
-            (Policy::init(c, &device), TextTokenizer::char_level())
-        }
-    };
+    let (policy, tokenizer) = load(&args)?;
     let task: Arc<dyn Task> = Arc::new(ArithTool::new(0, 2)?);
     let stop = vec![
         tokenizer
@@ -67,19 +57,7 @@ pub fn run(args: EpisodesBenchArgs) -> anyhow::Result<()> {
         .collect();
 
     // Reference: K responses to each prompt, generated together.
-    let t0 = Instant::now();
-    let mut single_tokens = 0;
-    for (i, p) in problems.iter().enumerate() {
-        let prompt = tokenizer.encode(&p.prompt)?;
-        let mut g = Generation::new(prompt, args.group_size, params(i as u64));
-        g.run(&policy, 0);
-        single_tokens += g
-            .into_responses()
-            .iter()
-            .map(|r| r.tokens.len())
-            .sum::<usize>();
-    }
-    let single_s = t0.elapsed().as_secs_f64();
+    let reference = single_turn(&policy, &tokenizer, &problems, args.group_size, params)?;
 
     // Episodes: the calculator answering between a member's turns.
     let cfg = EnvConfig {
@@ -99,7 +77,7 @@ pub fn run(args: EpisodesBenchArgs) -> anyhow::Result<()> {
     let runner = env.runner(&tokenizer, &stop, rt.handle());
     let play = |how: Members| {
         let t0 = Instant::now();
-        let (mut tokens, mut turns, mut episodes) = (0, 0, 0);
+        let mut played = Played::default();
         for (i, p) in problems.iter().enumerate() {
             let members = (0..args.group_size)
                 .map(|m| {
@@ -118,16 +96,83 @@ pub fn run(args: EpisodesBenchArgs) -> anyhow::Result<()> {
                 .collect();
             for end in runner.run_group(members, how) {
                 if let EpisodeEnd::Done(ep) = end {
-                    tokens += ep.tokens.len() - ep.observation_tokens;
-                    turns += ep.turns as usize;
-                    episodes += 1;
+                    played.tokens += ep.tokens.len() - ep.observation_tokens;
+                    played.turns += ep.turns as usize;
+                    played.episodes += 1;
                 }
             }
         }
-        (tokens, turns, episodes, t0.elapsed().as_secs_f64())
+        played.seconds = t0.elapsed().as_secs_f64();
+        played
     };
     let in_turn = play(Members::InTurn);
     let at_once = play(Members::AtOnce);
+    report(
+        &args,
+        reference,
+        [
+            ("in turn", in_turn),
+            ("at once (parallel_members)", at_once),
+        ],
+    );
+    Ok(())
+}
+
+/// Tokens and seconds of `k` single responses to each problem, each
+/// group generated together: the reference rate.
+fn single_turn(
+    policy: &Policy,
+    tokenizer: &TextTokenizer,
+    problems: &[bapo_tasks::Problem],
+    k: usize,
+    params: impl Fn(u64) -> SamplingParams,
+) -> anyhow::Result<(usize, f64)> {
+    let t0 = Instant::now();
+    let mut tokens = 0;
+    for (i, p) in problems.iter().enumerate() {
+        let prompt = tokenizer.encode(&p.prompt)?;
+        let mut g = Generation::new(prompt, k, params(i as u64));
+        g.run(policy, 0);
+        tokens += g
+            .into_responses()
+            .iter()
+            .map(|r| r.tokens.len())
+            .sum::<usize>();
+    }
+    Ok((tokens, t0.elapsed().as_secs_f64()))
+}
+
+/// The model of `--init`, or a fresh tiny one with the char tokenizer.
+fn load(args: &EpisodesBenchArgs) -> anyhow::Result<(Policy, TextTokenizer)> {
+    let device = Device::flex();
+    Ok(match &args.init {
+        Some(dir) => {
+            let (p, _) = ModelSpec::from_dir(dir.clone()).load(&device)?;
+            (p, TextTokenizer::from_file(&dir.join("tokenizer.json"))?)
+        }
+        None => {
+            let c = ModelConfig::preset("tiny")?;
+            (Policy::init(c, &device), TextTokenizer::char_level())
+        }
+    })
+}
+
+/// One way of playing the groups: the model's tokens, turns, episodes
+/// and the seconds they took.
+#[derive(Debug, Default, Clone, Copy)]
+struct Played {
+    tokens: usize,
+    turns: usize,
+    episodes: usize,
+    seconds: f64,
+}
+
+/// The machine, the setting, the reference's rate and each mode's beside it.
+fn report(
+    args: &EpisodesBenchArgs,
+    (single_tokens, single_s): (usize, f64),
+    modes: [(&str, Played); 2],
+) {
     let rate = |tokens: usize, s: f64| tokens as f64 / s.max(1e-9);
     println!(
         "{} ({} groups of {}, {} tokens a turn, {})",
@@ -144,17 +189,16 @@ pub fn run(args: EpisodesBenchArgs) -> anyhow::Result<()> {
         rate(single_tokens, single_s)
     );
     let reference = rate(single_tokens, single_s);
-    for (name, (tokens, turns, episodes, secs)) in [
-        ("in turn", in_turn),
-        ("at once (parallel_members)", at_once),
-    ] {
+    for (name, p) in modes {
         println!(
-            "episodes, members {name}: {tokens} model tokens in {episodes} episodes ({:.2} turns \
-             each) in {secs:.2} s = {:.0} tokens/s ({:.2}x the reference's rate)",
-            turns as f64 / episodes.max(1) as f64,
-            rate(tokens, secs),
-            rate(tokens, secs) / reference
+            "episodes, members {name}: {} model tokens in {} episodes ({:.2} turns \
+             each) in {:.2} s = {:.0} tokens/s ({:.2}x the reference's rate)",
+            p.tokens,
+            p.episodes,
+            p.turns as f64 / p.episodes.max(1) as f64,
+            p.seconds,
+            rate(p.tokens, p.seconds),
+            rate(p.tokens, p.seconds) / reference
         );
     }
-    Ok(())
 }
