@@ -9,6 +9,7 @@ pub mod adapters;
 pub mod cache;
 pub mod chat;
 pub mod config;
+pub mod delta;
 pub mod denormals;
 pub mod device;
 pub mod evaluate;

@@ -144,6 +144,99 @@ pub fn run(a: WeightsBenchArgs) -> anyhow::Result<()> {
                 ),
             }
         }
+        for lr in [1e-6, 3e-5] {
+            deltas(&c, &model, lr, a.reps)?;
+        }
     }
     Ok(())
+}
+
+/// Deltas of real optimiser steps (BAPO on the tiny task's kind of
+/// batch: 4 groups of 4 responses, half rewarded) at `lr`, from `model`:
+/// per step, the words whose bits changed and the delta's bytes beside
+/// the full payload's, in bf16 and f32, with the time to make and apply
+/// one (`bapo_policy::delta`).
+fn deltas(c: &ModelConfig, model: &Transformer, lr: f64, steps: usize) -> anyhow::Result<()> {
+    use bapo_learner::{LearnerConfig, Trainer};
+    let device = Device::flex();
+    let policy = bapo_policy::Policy::with_model(c.clone(), model.clone(), &device);
+    let cfg = LearnerConfig {
+        lr,
+        batch_groups: 4,
+        ..LearnerConfig::default()
+    };
+    let mut trainer = Trainer::new(cfg, policy, 0)?;
+    let mut prev: Vec<(Encoding, Vec<u8>)> = Encoding::ALL
+        .iter()
+        .map(|&e| Ok((e, weights::encode_as(trainer.model(), 0, e)?.1.to_vec())))
+        .collect::<anyhow::Result<_>>()?;
+    for step in 1..=steps.max(1) {
+        let groups = batch(&trainer.policy(), step as u32);
+        trainer.step(&groups)?;
+        for (encoding, old) in &mut prev {
+            let (_, payload) = weights::encode_as(trainer.model(), step as u64, *encoding)?;
+            let word = if *encoding == Encoding::F32 { 4 } else { 2 };
+            let t = Instant::now();
+            let d = bapo_policy::delta::diff(old, &payload, word)?;
+            let diff_s = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            let rebuilt = bapo_policy::delta::apply(old, &d)?;
+            let apply_s = t.elapsed().as_secs_f64();
+            anyhow::ensure!(rebuilt[..] == payload[..], "a delta rebuilt other weights");
+            let changed = bapo_policy::delta::changed_words(&d).unwrap_or(0);
+            println!(
+                "delta, lr {lr:e}, step {step}, {:<4}: {:.4} of the words changed, {} bytes = {:.4} of the full {} ({:.1} ms to make, {:.1} ms to apply)",
+                encoding.name(),
+                changed as f64 / (payload.len() / word) as f64,
+                d.len(),
+                d.len() as f64 / payload.len() as f64,
+                payload.len(),
+                diff_s * 1e3,
+                apply_s * 1e3
+            );
+            *old = payload.to_vec();
+        }
+    }
+    Ok(())
+}
+
+/// A batch as the learner samples it: 4 groups of 4 random 8-token
+/// responses with the policy's own log-probs, two of each group rewarded.
+fn batch(policy: &bapo_policy::Policy, seed: u32) -> Vec<bapo_learner::TrainGroup> {
+    use bapo_learner::rollouts::Sequence;
+    let vocab = policy.config.vocab_size as u32;
+    let device = policy.device();
+    (0..4u32)
+        .map(|g| {
+            let prompt = vec![1, 2 + (seed + g) % 7, 3];
+            let sequences = (0..4u32)
+                .map(|i| {
+                    let response: Vec<u32> = (0..8u32)
+                        .map(|j| (seed * 7919 + g * 131 + i * 17 + j * 31) % vocab)
+                        .collect();
+                    let row: Vec<u32> = prompt.iter().chain(&response).copied().collect();
+                    let (lp, _) =
+                        policy.token_logprobs(bapo_policy::Policy::tokens(&[row], &device), 1.0);
+                    let lp: Vec<f32> = lp
+                        .into_data()
+                        .convert::<f32>()
+                        .try_into_vec::<f32>()
+                        .unwrap_or_default();
+                    Sequence {
+                        prompt: prompt.clone(),
+                        behavior_logprobs: lp[prompt.len() - 1..].to_vec(),
+                        versions: vec![0; response.len()],
+                        response,
+                        reward: (i % 2) as f32,
+                        ..Sequence::default()
+                    }
+                })
+                .collect();
+            bapo_learner::TrainGroup {
+                group_id: format!("g{seed}-{g}"),
+                sequence_number: u64::from(seed * 4 + g),
+                sequences,
+            }
+        })
+        .collect()
 }
