@@ -51,43 +51,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 APP="$ROOT/scripts/mlflow"
 REQS="$APP/requirements.txt"
 VENV="${BAPO_MLFLOW_VENV:-$HOME/.cache/bapo/mlflow-venv}"
-STAMP="$VENV/.bapo-mlflow-stamp"
 PY="${BAPO_PYTHON:-python3}"
 START_TIMEOUT="${BAPO_MLFLOW_START_TIMEOUT:-120}"
-
-die() { echo "mlflow.sh: error: $*" >&2; exit 1; }
-
-# What the venv was built from: the pins.
-stamp() { sha256sum <"$REQS" | cut -d' ' -f1; }
-
-up_to_date() { [[ -x "$VENV/bin/python" && -x "$VENV/bin/mlflow" && -f "$STAMP" && "$(cat "$STAMP")" == "$(stamp)" ]]; }
-
-setup() {
-  [[ -f "$REQS" ]] || die "missing $REQS"
-  up_to_date && return 0
-  # One build at a time (parallel test runs may all call serve); re-check
-  # once the lock is ours. The subshell holds the lock, so the server
-  # started afterwards does not keep it.
-  mkdir -p "$(dirname "$VENV")"
-  ( flock 9 || die "cannot lock $VENV.lock"; up_to_date || build ) 9>"$VENV.lock"
-}
-
-build() {
-  command -v "$PY" >/dev/null || die "$PY not found: install Python 3.11 (or set BAPO_PYTHON)"
-  "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
-    || die "$PY is $("$PY" -V 2>&1); need Python >= 3.10"
-  echo "mlflow.sh: setting up $VENV (about 850 MB; a few minutes)" >&2
-  if [[ ! -x "$VENV/bin/python" ]]; then
-    "$PY" -m venv "$VENV" >&2 \
-      || die "cannot create a venv at $VENV (on Debian/Ubuntu: apt-get install python3-venv)"
-  fi
-  rm -f "$STAMP" # a failure below leaves no stamp, so the next run retries
-  # Anything printed goes to stderr: serve's stdout is its one line alone.
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-    --only-binary :all: -r "$REQS" >&2 \
-    || die "pip install failed (PyPI reachable? wheels for $("$PY" -V 2>&1) on $(uname -m)?)"
-  stamp >"$STAMP"
-}
+NAME=mlflow.sh
+# shellcheck source=pyvenv.sh
+source "$ROOT/scripts/pyvenv.sh"
+venv_ready() { [[ -x "$VENV/bin/mlflow" ]]; }
 
 # A free TCP port on host $1 (bound, read, released; the server binds it
 # a moment later, and serve retries on another if that loses a race).
@@ -166,7 +135,7 @@ serve() {
   [[ $# -eq 1 && -n "$1" ]] || die "usage: $0 serve [--listen HOST:PORT] DIR"
   [[ "$listen" =~ ^([^:]+):([0-9]+)$ ]] || die "--listen wants HOST:PORT, not $listen"
   host="${BASH_REMATCH[1]}" want="${BASH_REMATCH[2]}"
-  setup
+  venv_setup
   mkdir -p "$1/artifacts" || die "cannot create $1/artifacts"
   dir="$(cd "$1" && pwd)"
   # below: the processes this script started (never anyone else's).
@@ -218,7 +187,7 @@ cmd="${1:-}"
 [[ $# -gt 0 ]] && shift
 export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ in the repository
 case "$cmd" in
-  setup) setup ;;
+  setup) venv_setup ;;
   serve) serve "$@" ;;
   read)
     [[ $# -eq 2 ]] || die "usage: $0 read URI EXPERIMENT"

@@ -24,52 +24,20 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 APP="$ROOT/scripts/tensorboard"
 REQS="$APP/requirements.txt"
 VENV="${BAPO_TENSORBOARD_VENV:-$HOME/.cache/bapo/tensorboard-venv}"
-STAMP="$VENV/.bapo-tensorboard-stamp"
 PY="${BAPO_PYTHON:-python3}"
-
-die() { echo "tensorboard.sh: error: $*" >&2; exit 1; }
-
-# What the venv was built from: the pins.
-stamp() { sha256sum <"$REQS" | cut -d' ' -f1; }
-
-up_to_date() { [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$(stamp)" ]]; }
-
-setup() {
-  [[ -f "$REQS" ]] || die "missing $REQS"
-  up_to_date && return 0
-  # One build at a time (parallel tests may all call read); re-check once
-  # the lock is ours. The subshell holds the lock, so the reader exec'd
-  # afterwards does not keep it.
-  mkdir -p "$(dirname "$VENV")"
-  ( flock 9 || die "cannot lock $VENV.lock"; up_to_date || build ) 9>"$VENV.lock"
-}
-
-build() {
-  command -v "$PY" >/dev/null || die "$PY not found: install Python 3.11 (or set BAPO_PYTHON)"
-  "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
-    || die "$PY is $("$PY" -V 2>&1); need Python >= 3.10"
-  echo "tensorboard.sh: setting up $VENV" >&2
-  if [[ ! -x "$VENV/bin/python" ]]; then
-    "$PY" -m venv "$VENV" >&2 \
-      || die "cannot create a venv at $VENV (on Debian/Ubuntu: apt-get install python3-venv)"
-  fi
-  rm -f "$STAMP" # a failure below leaves no stamp, so the next run retries
-  # Anything printed goes to stderr: read's stdout is the JSON alone.
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-    --only-binary :all: -r "$REQS" >&2 \
-    || die "pip install failed (PyPI reachable? wheels for $("$PY" -V 2>&1) on $(uname -m)?)"
-  stamp >"$STAMP"
-}
+NAME=tensorboard.sh
+# shellcheck source=pyvenv.sh
+source "$ROOT/scripts/pyvenv.sh"
 
 cmd="${1:-}"
 [[ $# -gt 0 ]] && shift
 export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ in the repository
 case "$cmd" in
-  setup) setup ;;
+  setup) venv_setup ;;
   read)
     [[ $# -eq 1 && -n "$1" ]] || die "usage: $0 read LOGDIR"
     [[ -d "$1" ]] || die "$1 is not a directory"
-    setup
+    venv_setup
     # TensorBoard without TensorFlow says so on stderr; quiet that, and TF-style C++ logs.
     export TF_CPP_MIN_LOG_LEVEL=3
     exec "$VENV/bin/python" -u "$APP/read_events.py" "$1" ;;
