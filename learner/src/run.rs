@@ -34,7 +34,7 @@ use crate::{
     checkpoint::{self, Provenance},
     intake, metrics as names,
     record::{Metric, StepRecord},
-    rollouts::{Sequence, TrainGroup},
+    rollouts::TrainGroup,
     tracking::{Tracking, samples::DecodeFn},
     trainer::TrainError,
 };
@@ -131,8 +131,10 @@ pub async fn run<F: Future<Output = ()>>(
             .iter()
             .flat_map(|g| g.staleness(trainer.version()))
             .collect();
-        let picked = s.tracking.pick(&train, trainer.steps_done());
-        let (t, result) = step_off_thread(trainer, train).await?;
+        // Shared with the training thread, not copied: the rollouts a
+        // person reads are drawn from it afterwards, at evaluation steps.
+        let train: Arc<[TrainGroup]> = train.into();
+        let (t, result) = step_off_thread(trainer, train.clone()).await?;
         trainer = t;
         let mut reports = match result {
             Ok(r) if !r.is_empty() => r,
@@ -171,7 +173,7 @@ pub async fn run<F: Future<Output = ()>>(
             // The batch's staleness once, at its first update.
             names::record_step(report, if i == 0 { &staleness } else { &[] });
         }
-        if s.after_step(&trainer, &reports, &picked, &mut shutdown)
+        if s.after_step(&trainer, &reports, &train, &mut shutdown)
             .await?
         {
             trainer = s.save_off_thread(trainer).await?;
@@ -184,7 +186,7 @@ pub async fn run<F: Future<Output = ()>>(
 /// there and back.
 async fn step_off_thread(
     mut trainer: Trainer,
-    train: Vec<TrainGroup>,
+    train: Arc<[TrainGroup]>,
 ) -> anyhow::Result<(Trainer, Result<Vec<StepReport>, TrainError>)> {
     tokio::task::spawn_blocking(move || {
         let r = trainer.train_batch(&train);
@@ -315,7 +317,7 @@ impl<'o> Session<'o> {
         &mut self,
         trainer: &Trainer,
         reports: &[StepReport],
-        picked: &[(String, Sequence)],
+        trained: &[TrainGroup],
         shutdown: &mut Shutdown<'_, F>,
     ) -> anyhow::Result<bool> {
         let cfg = trainer.config();
@@ -349,7 +351,7 @@ impl<'o> Session<'o> {
             extra.extend(results.iter().cloned());
         }
         if eval_due {
-            self.tracking.rollouts(last.step, picked);
+            self.tracking.rollouts(last.step, trained);
         }
         let elapsed = self.t_start.elapsed().as_secs_f64();
         for r in reports {

@@ -17,11 +17,7 @@ use std::{
 
 use anyhow::Context;
 
-use crate::{
-    metrics as names,
-    record::StepRecord,
-    rollouts::{Sequence, TrainGroup},
-};
+use crate::{metrics as names, record::StepRecord, rollouts::TrainGroup};
 use mlflow::Mlflow;
 use samples::{DecodeFn, RolloutSample};
 use tensorboard::TensorBoard;
@@ -133,24 +129,12 @@ impl Tracking {
         }
     }
 
-    /// The rollouts of a batch to keep should it end at an evaluation
-    /// step (copies: the batch moves to the training thread); none when
-    /// nothing would be written.
-    pub fn pick(&self, groups: &[TrainGroup], seed: u64) -> Vec<(String, Sequence)> {
-        if self.decode.is_none() || self.per_side == 0 {
-            return Vec::new();
-        }
-        samples::pick(groups, self.per_side, seed)
-            .into_iter()
-            .map(|(g, s)| (g.to_string(), s.clone()))
-            .collect()
-    }
-
-    /// The `picked` rollouts of the batch trained at `step`.
-    pub fn rollouts(&mut self, step: u64, picked: &[(String, Sequence)]) {
+    /// Samples of `groups`, the batch trained at `step` (an evaluation
+    /// step), drawn with the step as seed.
+    pub fn rollouts(&mut self, step: u64, groups: &[TrainGroup]) {
         let Some(decode) = &self.decode else { return };
-        let picked: Vec<RolloutSample> = picked
-            .iter()
+        let picked: Vec<RolloutSample> = samples::pick(groups, self.per_side, step)
+            .into_iter()
             .map(|(g, s)| samples::sample(step, g, s, decode))
             .collect();
         if picked.is_empty() {
