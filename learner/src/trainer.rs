@@ -841,6 +841,8 @@ impl Trainer {
             self.cfg.estimator(),
             self.cfg.filter_zero_variance,
         );
+        // Only a loss with a ratio per turn needs the mixed-version turns.
+        let turn_ratio = self.turn_ratio();
         let mut rows = Vec::new();
         let mut skel = TokenBatch::default();
         let mut behav = Vec::new();
@@ -863,7 +865,9 @@ impl Trainer {
                 lens.push(s.response.len() as f64);
                 turns.push(s.turns.last().map_or(1.0, |&t| f64::from(t) + 1.0));
                 let mut own = 0usize;
-                mixed.extend(mixed_turn_tokens(s).map(|j| skel.advantages.len() + j));
+                if turn_ratio {
+                    mixed.extend(mixed_turn_tokens(s).map(|j| skel.advantages.len() + j));
+                }
                 for (j, &lp) in s.behavior_logprobs.iter().enumerate() {
                     let policy = s.is_policy_token(j);
                     own += usize::from(policy);
