@@ -257,3 +257,95 @@ fn learner_dropped(out: &Path) -> f64 {
         })
         .unwrap_or(0.0)
 }
+
+/// A learner that stops without finishing (killed, or restarted with the
+/// same flags) and starts again logs into the same MLflow run, found
+/// through `<out>/mlflow_run.json`: one run holds both incarnations'
+/// steps; TensorBoard's own reader, given the two event files, keeps the
+/// restarted incarnation's values for the steps it redid.
+#[test]
+fn a_restarted_learner_continues_its_run() {
+    use bapo_learner::{
+        record::StepRecord,
+        tracking::{Sinks, Tracking, mlflow::MlflowConfig},
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let out = dir.path().join("run");
+    std::fs::create_dir_all(&out).unwrap();
+    let tb = out.join("tensorboard");
+    let m = MlflowConfig {
+        uri: server.uri.clone(),
+        experiment: "restart".into(),
+        ..MlflowConfig::default()
+    };
+    let sinks = Sinks {
+        tensorboard: Some(&tb),
+        sample_rollouts: 0,
+        mlflow: Some(&m),
+    };
+    let params = serde_json::json!({"learner": {"lr": 1e-4}});
+    let record = |step: u64, loss: f64| {
+        let mut r = StepRecord {
+            step,
+            ..StepRecord::default()
+        };
+        r.set("loss", loss);
+        r
+    };
+    // The first incarnation reaches step 5, then stops without finishing
+    // its run; the second resumes from a checkpoint at step 3.
+    let mut first = Tracking::open(&sinks, &out, None, 0, &params).unwrap();
+    for step in 1..=5 {
+        first.step(&record(step, 1.0), &[]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !out.join("mlflow_run.json").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the first incarnation made no run"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2)); // its queue drained
+    drop(first);
+    // Its thread marks the run FAILED and ends; then a later event file.
+    std::thread::sleep(Duration::from_secs(1));
+    let mut second = Tracking::open(&sinks, &out, None, 3, &params).unwrap();
+    for step in 4..=6 {
+        second.step(&record(step, 2.0), &[]);
+    }
+    second.finish(true);
+
+    let back = read_back(&server.uri, "restart");
+    let runs = back["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "one run for both incarnations: {back}");
+    assert_eq!(runs[0]["status"], "FINISHED");
+    let steps = steps_of(&runs[0], "train/loss");
+    assert_eq!(steps.iter().max(), Some(&6));
+    assert!(steps.contains(&1) && steps.contains(&5), "{steps:?}");
+
+    let read = Command::new("bash")
+        .args(["scripts/tensorboard.sh", "read"])
+        .arg(&tb)
+        .output()
+        .unwrap();
+    assert!(
+        read.status.success(),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    let tb: Value = serde_json::from_slice(&read.stdout).unwrap();
+    assert_eq!(tb["errors"], serde_json::json!([]));
+    let loss = &tb["runs"]["."]["scalars"]["train/loss"];
+    assert_eq!(
+        loss["steps"],
+        serde_json::json!([1, 2, 3, 4, 5, 6]),
+        "{loss}"
+    );
+    assert_eq!(
+        loss["values"],
+        serde_json::json!([1.0, 1.0, 1.0, 2.0, 2.0, 2.0]),
+        "the restarted incarnation's values for the steps it redid"
+    );
+}
