@@ -531,6 +531,30 @@ mod tests {
         assert_eq!(encode("a b/c"), "a%20b%2Fc");
     }
 
+    /// A server that is down when the learner starts: the start does not
+    /// fail or wait, steps queue without blocking, and no run is named
+    /// until one is made.
+    #[test]
+    fn a_server_down_at_start_does_not_stop_the_learner() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = MlflowConfig {
+            uri: format!("http://127.0.0.1:{port}"),
+            timeout_s: 0.2,
+            ..MlflowConfig::default()
+        };
+        let out = tempfile::tempdir().unwrap();
+        let m = Mlflow::start(&cfg, out.path(), Vec::new()).unwrap();
+        for step in 0..100 {
+            m.step(step, vec![("loss".into(), 1.0)]);
+        }
+        m.finish("FINISHED", Duration::from_millis(100));
+        assert!(!RunRef::path(out.path()).exists());
+    }
+
     /// A server that accepts connections and never answers: the learner's
     /// side never blocks, the queue fills, and what does not fit is
     /// dropped (the test would hang if `step` waited on the server).
