@@ -13,6 +13,11 @@
 //! the base its checkpoint names (it refuses any other), and restarted
 //! actors are sent the base again before adapters.
 //!
+//! And with the weights as bf16 deltas, one of them dropped on purpose:
+//! after actors and the learner are killed and restarted, every actor
+//! serves exactly the learner's bytes for its version (the CRC32 both
+//! export).
+//!
 //! Every connection is mutual TLS with per-role certificates, as deployed:
 //! restarted processes handshake again and reconnecting clients go through
 //! the same authorization.
@@ -24,6 +29,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod common;
+
 use bapo_proto::{
     tls::{self, ClientTls, TlsFiles, pki},
     v1::{Stats, StatsRequest, batch_source_client::BatchSourceClient},
@@ -32,12 +39,25 @@ use bapo_proto::{
 const CHECKPOINT_EVERY: u64 = 10;
 const MAX_STALENESS: u64 = 1;
 
-/// The cluster's config; with `lora`, a `[learner.lora]` table.
-fn config(lora: bool) -> String {
-    let lora = if lora {
-        "\n[learner.lora]\nrank = 4\n"
-    } else {
-        ""
+/// What a test's cluster runs besides the defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Variant {
+    Full,
+    /// A `[learner.lora]` table.
+    Lora,
+    /// Weights broadcast in bf16 (as deltas, the default).
+    Bf16,
+}
+
+/// The cluster's config for `variant`.
+fn config(variant: Variant) -> String {
+    let lora = match variant {
+        Variant::Lora => "\n[learner.lora]\nrank = 4\n",
+        _ => "",
+    };
+    let bf16 = match variant {
+        Variant::Bf16 => "broadcast_dtype = \"bf16\"",
+        _ => "",
     };
     format!(
         r#"
@@ -55,6 +75,7 @@ steps = 0
 checkpoint_every = {CHECKPOINT_EVERY}
 keep_checkpoints = 2
 eval_every = 0
+{bf16}
 
 [actor]
 group_size = 4
@@ -83,14 +104,19 @@ struct Cluster {
     certs: std::collections::BTreeMap<String, TlsFiles>,
     buffer_port: u16,
     learner_port: u16,
+    /// Prometheus `/metrics` ports of the learner and each actor.
+    learner_metrics: u16,
+    actor_metrics: Vec<u16>,
+    /// Extra environment of the learner (fault hooks).
+    learner_env: Vec<(String, String)>,
     buffer: Option<Child>,
     learner: Option<Child>,
     actors: Vec<Option<Child>>,
 }
 
 impl Cluster {
-    fn new(dir: &Path, lora: bool) -> Self {
-        std::fs::write(dir.join("bapo.toml"), config(lora)).unwrap();
+    fn new(dir: &Path, variant: Variant) -> Self {
+        std::fs::write(dir.join("bapo.toml"), config(variant)).unwrap();
         tls::install_default_provider();
         let ca = pki::Ca::new("chaos.test").unwrap();
         let opts = pki::Options {
@@ -114,6 +140,9 @@ impl Cluster {
             certs,
             buffer_port: free_port(),
             learner_port: free_port(),
+            learner_metrics: free_port(),
+            actor_metrics: vec![free_port(), free_port()],
+            learner_env: vec![],
             buffer: None,
             learner: None,
             actors: vec![None, None],
@@ -121,6 +150,10 @@ impl Cluster {
     }
 
     fn spawn(&self, name: &str, args: &[String]) -> Child {
+        self.spawn_with(name, args, &[])
+    }
+
+    fn spawn_with(&self, name: &str, args: &[String], env: &[(String, String)]) -> Child {
         let log = std::fs::File::options()
             .create(true)
             .append(true)
@@ -129,6 +162,7 @@ impl Cluster {
         Command::new(env!("CARGO_BIN_EXE_bapo"))
             .args(args)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -172,8 +206,10 @@ impl Cluster {
             "--out".into(),
             self.dir.join("learner").display().to_string(),
             "--resume".into(),
+            "--metrics-listen".into(),
+            format!("127.0.0.1:{}", self.learner_metrics),
         ]);
-        self.learner = Some(self.spawn("learner", &args));
+        self.learner = Some(self.spawn_with("learner", &args, &self.learner_env));
     }
 
     fn start_actor(&mut self, i: usize) {
@@ -186,6 +222,8 @@ impl Cluster {
             format!("https://127.0.0.1:{}", self.learner_port),
             "--actor-id".into(),
             format!("actor-{i}"),
+            "--metrics-listen".into(),
+            format!("127.0.0.1:{}", self.actor_metrics[i]),
         ]);
         self.actors[i] = Some(self.spawn(&format!("actor-{i}"), &args));
     }
@@ -295,17 +333,18 @@ const PROGRESS: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_loop_survives_kill_9_of_each_process() {
-    survives_kill_9_of_each_process(false).await;
+    survives_kill_9_of_each_process(Variant::Full).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lora_loop_survives_kill_9_of_each_process() {
-    survives_kill_9_of_each_process(true).await;
+    survives_kill_9_of_each_process(Variant::Lora).await;
 }
 
-async fn survives_kill_9_of_each_process(lora: bool) {
+async fn survives_kill_9_of_each_process(variant: Variant) {
+    let lora = variant == Variant::Lora;
     let tmp = tempfile::tempdir().unwrap();
-    let mut c = Cluster::new(tmp.path(), lora);
+    let mut c = Cluster::new(tmp.path(), variant);
     c.start_buffer();
     c.start_learner();
     c.start_actor(0);
@@ -390,4 +429,134 @@ async fn survives_kill_9_of_each_process(lora: bool) {
         s.groups_lost_to_rollback > 0 || s.evictions.contains_key("rolled_back"),
         "the learner's kill past its checkpoint left no trace in the books: {s:?}"
     );
+}
+
+/// The value of the sample `series` (a metric name with its labels, as
+/// exposed) on a Prometheus page.
+fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// (weights version, CRC32) a process exports, read twice with nothing
+/// changing in between; `None` while it is changing or not up.
+fn weights_of(port: u16, role: &str) -> Option<(f64, f64)> {
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let read = || {
+        let page = common::scrape(&url)?;
+        let version = sample(&page, &format!("bapo_{role}_weight_version"))?;
+        Some((version, sample(&page, &format!("bapo_{role}_weight_crc"))?))
+    };
+    let first = read()?;
+    (read()? == first).then_some(first)
+}
+
+/// Waits until actor `i` and the learner export the same version, read
+/// consistently, and returns both CRC32s.
+async fn same_version(c: &mut Cluster, i: usize) -> (f64, f64) {
+    let deadline = Instant::now() + PROGRESS;
+    while Instant::now() < deadline {
+        c.check_alive();
+        let learner = weights_of(c.learner_metrics, "learner");
+        let actor = weights_of(c.actor_metrics[i], "actor");
+        let again = weights_of(c.learner_metrics, "learner");
+        if let (Some(l), Some(a)) = (learner, actor)
+            && learner == again
+            && l.0 == a.0
+        {
+            return (l.1, a.1);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "actor-{i} never held the learner's version; logs in {}",
+        c.dir.display()
+    );
+}
+
+/// The counter `series` of actor `i`, 0 when not exported yet.
+fn actor_counter(c: &Cluster, i: usize, series: &str) -> f64 {
+    let url = format!("http://127.0.0.1:{}/metrics", c.actor_metrics[i]);
+    common::scrape(&url)
+        .and_then(|p| sample(&p, series))
+        .unwrap_or(0.0)
+}
+
+/// The version whose delta the learner never sends.
+const DROPPED: u64 = 5;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delta_weights_end_every_actor_on_the_learners_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Cluster::new(tmp.path(), Variant::Bf16);
+    c.learner_env = vec![(
+        bapo_learner::server::Faults::DROP_DELTAS.into(),
+        DROPPED.to_string(),
+    )];
+    c.start_buffer();
+    c.start_learner();
+    c.start_actor(0);
+    c.start_actor(1);
+    let s = wait_for(&mut c, "steps past the dropped delta", PROGRESS, |s| {
+        s.learner_version > DROPPED + 3
+    })
+    .await;
+    // Actor 1 followed from the start: v5's delta never came, so v6's
+    // named bytes it did not hold, and it was sent the newest whole.
+    let refused = actor_counter(
+        &c,
+        1,
+        r#"bapo_actor_weight_deltas_refused_total{reason="base"}"#,
+    );
+    assert!(refused >= 1.0, "the dropped delta went unnoticed");
+    let (learner, actor) = same_version(&mut c, 1).await;
+    assert_eq!(
+        learner, actor,
+        "actor-1 serves other bytes than the learner's"
+    );
+
+    // An actor killed (mid-delta or not: a tiny model's deltas are
+    // small and frequent) joins again and is sent a snapshot.
+    kill9(&mut c.actors[0]);
+    c.start_actor(0);
+    let v = s.learner_version;
+    let s = wait_for(&mut c, "steps after an actor restart", PROGRESS, |s| {
+        s.learner_version > v + 3
+    })
+    .await;
+
+    // A learner killed between versions comes back as a new incarnation:
+    // every actor is sent its weights whole, then deltas again.
+    kill9(&mut c.learner);
+    c.learner_env.clear();
+    c.start_learner();
+    let incarnation = s.learner_incarnation;
+    wait_for(&mut c, "steps after the learner restart", PROGRESS, |s| {
+        s.learner_incarnation != incarnation && s.learner_version > v + 3
+    })
+    .await;
+    for i in 0..2 {
+        let deltas_before =
+            actor_counter(&c, i, r#"bapo_actor_weight_updates_total{kind="delta"}"#);
+        let v = stats(&c).await.expect("buffer stats").learner_version;
+        wait_for(&mut c, "more steps", PROGRESS, |s| {
+            s.learner_version > v + 2
+        })
+        .await;
+        let (learner, actor) = same_version(&mut c, i).await;
+        assert_eq!(
+            learner, actor,
+            "actor-{i} serves other bytes than the learner's"
+        );
+        let deltas = actor_counter(&c, i, r#"bapo_actor_weight_updates_total{kind="delta"}"#);
+        assert!(
+            deltas > deltas_before,
+            "actor-{i} took no delta after the restarts ({deltas_before} -> {deltas})"
+        );
+        eprintln!(
+            "actor-{i}: CRC {:08x} as the learner's; {deltas} deltas applied, {refused} refused",
+            actor as u32
+        );
+    }
 }

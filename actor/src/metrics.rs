@@ -10,6 +10,12 @@ pub const BACKPRESSURE_SECONDS: &str = "bapo_actor_backpressure_seconds";
 pub const GROUP_SECONDS: &str = "bapo_actor_group_seconds";
 pub const RECONNECTS: &str = "bapo_actor_reconnects_total";
 pub const WEIGHT_APPLY_SECONDS: &str = "bapo_actor_weight_apply_seconds";
+/// CRC32 of the payload of the version in use (the learner's
+/// `bapo_learner_weight_crc` for the same version).
+pub const WEIGHT_CRC: &str = "bapo_actor_weight_crc";
+/// Label `kind`: `snapshot` or `delta`; and deltas refused, by `reason`.
+pub const WEIGHT_UPDATES: &str = "bapo_actor_weight_updates_total";
+pub const WEIGHT_DELTAS_REFUSED: &str = "bapo_actor_weight_deltas_refused_total";
 pub const ABORTED_GROUPS: &str = "bapo_actor_aborted_groups_total";
 pub const SLOT_FAILURES: &str = "bapo_actor_slot_failures_total";
 pub const PROBLEMS_SKIPPED: &str = "bapo_actor_problems_skipped_total";
@@ -83,6 +89,18 @@ pub fn describe() {
     describe_histogram!(REWARD, "Reward of each response");
     describe_histogram!(RESPONSE_TOKENS, "Length of each response in tokens");
     describe_gauge!(WEIGHT_VERSION, "Policy version of the weights in use");
+    describe_gauge!(
+        WEIGHT_CRC,
+        "CRC32 of the payload of the weights in use (the learner's for that version)"
+    );
+    describe_counter!(
+        WEIGHT_UPDATES,
+        "Weight versions received, by kind (snapshot, delta)"
+    );
+    describe_counter!(
+        WEIGHT_DELTAS_REFUSED,
+        "Deltas refused (another base, a corrupted result, malformed), by reason; a snapshot follows"
+    );
     describe_gauge!(
         VERSIONS_BEHIND,
         "Learner version (as the buffer reports it) minus the version in use"

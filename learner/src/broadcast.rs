@@ -14,6 +14,13 @@
 //! whole model. Each adapter publish names the base, and the server sends
 //! the base first to a subscriber that does not hold it.
 //!
+//! Whole-model versions also travel as deltas ([`crate::delta_chain`]):
+//! each publish diffs the new payload against the one before, in the wire
+//! encoding, and a subscriber that holds a recent version is sent the
+//! words that changed (a few percent of the bytes at small learning
+//! rates) instead of the whole model. Diffing costs one pass over both
+//! payloads per publish, on the learner, once for all subscribers.
+//!
 //! A hub publishes as one learner incarnation (see [`crate::lineage`]):
 //! every update carries its id, so a subscriber holding weights of another
 //! incarnation is sent the newest at once, whatever the version numbers.
@@ -26,13 +33,18 @@ use std::{
 use bapo_policy::{
     ModelConfig,
     burn::tensor::Bytes as BurnBytes,
+    delta,
     model::Transformer,
     weights::{self, Encoding, WeightsError},
 };
 use bytes::Bytes;
+use metrics::gauge;
 use tokio::sync::watch;
 
-use crate::lineage;
+use crate::{
+    delta_chain::{Chain, Link},
+    lineage, metrics as names,
+};
 
 /// One published version.
 #[derive(Debug)]
@@ -52,6 +64,11 @@ pub struct Published {
     /// A base's own fingerprint, or the base an adapter publish applies
     /// to; 0 for a whole model.
     pub fingerprint: u64,
+    /// How the float weights travel, and the payload's CRC32.
+    pub encoding: Encoding,
+    pub crc: u32,
+    /// The delta chain ending at this version (empty: snapshots only).
+    pub links: Arc<[Arc<Link>]>,
 }
 
 impl Published {
@@ -71,6 +88,8 @@ pub struct WeightHub {
     closed: Arc<watch::Sender<bool>>,
     /// The frozen base adapters are published against (LoRA only).
     base: Arc<Mutex<Option<Arc<Published>>>>,
+    /// Recent versions as deltas; `None` when deltas are off.
+    chain: Option<Arc<Mutex<Chain>>>,
 }
 
 impl Default for WeightHub {
@@ -93,7 +112,16 @@ impl WeightHub {
             tx: Arc::new(watch::channel(None).0),
             closed: Arc::new(watch::channel(false).0),
             base: Arc::default(),
+            chain: Some(Arc::default()),
         }
+    }
+
+    /// Whether whole-model versions also go out as deltas (`[learner]
+    /// broadcast_deltas`; on by default). Off, every subscriber is sent
+    /// every version whole and the learner keeps no chain.
+    pub fn with_deltas(mut self, on: bool) -> Self {
+        self.chain = on.then(Arc::default);
+        self
     }
 
     /// The incarnation id every update from this hub carries.
@@ -125,9 +153,56 @@ impl WeightHub {
     ) -> Result<Arc<Published>, WeightsError> {
         let (header, payload) = weights::encode_as(model, version, encoding)?;
         let header = header.to_bytes_as(encoding);
-        let published = self.published(version, &header, payload, config, None, 0);
+        let mut published = self.published(version, &header, payload, config, None, 0);
+        published.encoding = encoding;
+        published.links = self.chained(&published);
+        gauge!(names::WEIGHT_PAYLOAD_BYTES).set(published.payload.len() as f64);
+        gauge!(names::WEIGHT_DELTA_BYTES)
+            .set(published.links.last().map_or(0, |l| l.delta.len()) as f64);
+        gauge!(names::WEIGHT_CRC).set(f64::from(published.crc));
+        gauge!(names::WEIGHT_VERSION).set(version as f64);
+        let published = Arc::new(published);
         self.tx.send_replace(Some(published.clone()));
         Ok(published)
+    }
+
+    /// Adds the delta from the newest version to `p` to the chain and
+    /// returns the chain ending at `p`: empty when deltas are off, when
+    /// there is no whole-model version before it in the same encoding,
+    /// or when the delta is no smaller than `p` itself.
+    fn chained(&self, p: &Published) -> Arc<[Arc<Link>]> {
+        let Some(chain) = &self.chain else {
+            return Arc::new([]);
+        };
+        let mut chain = chain.lock().expect("delta chain lock");
+        let prev = self
+            .latest()
+            .filter(|q| q.fingerprint == 0 && q.encoding == p.encoding && q.version < p.version);
+        let word = match p.encoding {
+            Encoding::F32 => 4,
+            Encoding::Bf16 => 2,
+        };
+        let made = prev
+            .as_ref()
+            .map(|q| delta::diff_known(&q.payload, q.crc, &p.payload, p.crc, word).map(|d| (q, d)));
+        match made {
+            Some(Ok((q, d))) => chain.push(
+                Link {
+                    from_version: q.version,
+                    from_crc: q.crc,
+                    version: p.version,
+                    header: p.header.clone(),
+                    delta: Bytes::from(d),
+                },
+                p.payload.len(),
+            ),
+            Some(Err(e)) => {
+                tracing::debug!("no delta for weights v{}: {e}", p.version);
+                chain.clear();
+            }
+            None => chain.clear(),
+        }
+        chain.links()
     }
 
     /// Encodes the adapters of `model` (a LoRA learner's, its base of
@@ -151,6 +226,10 @@ impl WeightHub {
         let (header, payload) = weights::encode_adapters(adapters, version, encoding, fingerprint)?;
         let header = header.to_bytes_adapters(encoding);
         let published = self.published(version, &header, payload, config, Some(base), fingerprint);
+        let published = Arc::new(Published {
+            encoding,
+            ..published
+        });
         self.tx.send_replace(Some(published.clone()));
         Ok(published)
     }
@@ -170,7 +249,10 @@ impl WeightHub {
         let base = bapo_policy::lora::base_of(model);
         let (header, payload) = weights::encode_as(&base, 0, encoding)?;
         let header = header.to_bytes_as(encoding);
-        let base = self.published(0, &header, payload, config, None, fingerprint);
+        let base = Arc::new(Published {
+            encoding,
+            ..self.published(0, &header, payload, config, None, fingerprint)
+        });
         *held = Some(base.clone());
         Ok(base)
     }
@@ -183,17 +265,22 @@ impl WeightHub {
         config: &ModelConfig,
         base: Option<Arc<Published>>,
         fingerprint: u64,
-    ) -> Arc<Published> {
-        Arc::new(Published {
+    ) -> Published {
+        // The header carries the payload's CRC32: no second pass over it.
+        let crc = weights::WeightsHeader::read_any(header).map_or(0, |(h, _, _)| h.crc32);
+        Published {
             version,
             incarnation: self.incarnation,
             header: Bytes::copy_from_slice(header),
+            crc,
             payload: to_bytes(payload),
             config_json: config.to_hf_json().to_string(),
             at: Instant::now(),
             base,
             fingerprint,
-        })
+            encoding: Encoding::F32,
+            links: Arc::new([]),
+        }
     }
 
     pub fn latest(&self) -> Option<Arc<Published>> {

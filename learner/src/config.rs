@@ -169,6 +169,12 @@ pub struct LearnerConfig {
     /// already accounts for the rounding as a little more off-policyness
     /// (see `bapo_policy::weights::Encoding::Bf16`).
     pub broadcast_dtype: String,
+    /// Send a version to an actor that holds a recent one as the words
+    /// that changed (a delta checked by CRC32) instead of whole; actors
+    /// joining, behind by more than a model's worth of deltas, or whose
+    /// delta failed get it whole. Costs the learner one diff pass per
+    /// publish, and each actor a copy of the payload it serves.
+    pub broadcast_deltas: bool,
     /// Checkpoint every N steps (and on shutdown); 0 only on shutdown.
     pub checkpoint_every: u64,
     /// Checkpoints kept on disk.
@@ -268,6 +274,7 @@ impl Default for LearnerConfig {
             steps: 0,
             broadcast_every: 1,
             broadcast_dtype: Encoding::F32.name().into(),
+            broadcast_deltas: true,
             checkpoint_every: 50,
             keep_checkpoints: 3,
             eval_every: 10,

@@ -15,6 +15,7 @@ pub mod broadcast;
 pub mod checkpoint;
 pub mod config;
 mod config_error;
+pub mod delta_chain;
 pub mod flops;
 pub mod grads;
 pub mod intake;

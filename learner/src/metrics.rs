@@ -29,6 +29,17 @@ pub const TRACKING_DROPPED: &str = "bapo_learner_tracking_dropped_total";
 pub const TRACKING_QUEUED: &str = "bapo_learner_tracking_queued";
 pub const WEIGHT_SUBSCRIBERS: &str = "bapo_learner_weight_subscribers";
 pub const WEIGHT_PUBLISH_SECONDS: &str = "bapo_learner_weight_publish_seconds";
+/// Bytes of the newest version whole, and as the delta from the one before.
+pub const WEIGHT_PAYLOAD_BYTES: &str = "bapo_learner_weight_payload_bytes";
+pub const WEIGHT_DELTA_BYTES: &str = "bapo_learner_weight_delta_bytes";
+/// CRC32 of the newest version's payload: what every subscriber's
+/// `bapo_actor_weight_crc` must read once it holds that version.
+pub const WEIGHT_CRC: &str = "bapo_learner_weight_crc";
+/// The version of the newest published weights.
+pub const WEIGHT_VERSION: &str = "bapo_learner_weight_version";
+/// Label `kind`: `snapshot` or `delta`.
+pub const WEIGHT_SENDS: &str = "bapo_learner_weight_sends_total";
+pub const WEIGHT_SENT_BYTES: &str = "bapo_learner_weight_sent_bytes_total";
 /// Training/inference mismatch (`stats::mismatch_metrics`).
 pub const MISMATCH_KL: &str = "bapo_learner_mismatch_kl";
 pub const MISMATCH_ESS: &str = "bapo_learner_mismatch_ess";
@@ -90,6 +101,27 @@ pub fn describe() {
         "Step records waiting for a tracking server, by sink"
     );
     describe_gauge!(WEIGHT_SUBSCRIBERS, "Actors subscribed to the weight stream");
+    describe_gauge!(
+        WEIGHT_PAYLOAD_BYTES,
+        Unit::Bytes,
+        "The newest version's payload, whole"
+    );
+    describe_gauge!(
+        WEIGHT_DELTA_BYTES,
+        Unit::Bytes,
+        "The newest version as the delta from the one before (0: none)"
+    );
+    describe_gauge!(WEIGHT_CRC, "CRC32 of the newest version's payload");
+    describe_gauge!(WEIGHT_VERSION, "Version of the newest published weights");
+    describe_counter!(
+        WEIGHT_SENDS,
+        "Versions sent to subscribers, by kind (snapshot, delta)"
+    );
+    describe_counter!(
+        WEIGHT_SENT_BYTES,
+        Unit::Bytes,
+        "Payload bytes sent to subscribers, by kind (snapshot, delta)"
+    );
     describe_histogram!(
         WEIGHT_PUBLISH_SECONDS,
         Unit::Seconds,

@@ -1,7 +1,12 @@
 //! The learner's gRPC face: the weight stream (`bapo.v1.WeightSource`),
 //! health checking and reflection. Thin over [`WeightHub`].
+//!
+//! What goes to a subscriber: the newest version, as the chain of deltas
+//! from the version it holds when it takes deltas and holds one the chain
+//! starts from (its payload's CRC32 must be the one the chain was made
+//! from), and whole otherwise.
 
-use std::{future::Future, pin::Pin};
+use std::{future::Future, pin::Pin, sync::Arc};
 
 use bapo_proto::{
     standard,
@@ -13,13 +18,14 @@ use bapo_proto::{
         weight_source_server::{WeightSource, WeightSourceServer},
     },
 };
-use metrics::{gauge, histogram};
+use metrics::{counter, gauge, histogram};
 use tokio::{net::TcpListener, sync::mpsc};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, server::NamedService};
 
 use crate::{
     broadcast::{Published, WeightHub},
+    delta_chain::{self, Link},
     metrics as names,
 };
 
@@ -29,11 +35,45 @@ pub const CHUNK_BYTES: usize = 1 << 20;
 
 pub struct WeightSourceService {
     hub: WeightHub,
+    faults: Faults,
 }
 
 impl WeightSourceService {
-    pub fn new(hub: WeightHub) -> Self {
-        Self { hub }
+    pub fn new(hub: WeightHub, faults: Faults) -> Self {
+        Self { hub, faults }
+    }
+}
+
+/// Faults injected on purpose, for the tests that show a subscriber
+/// never ends on wrong weights: `BAPO_FAULT_DROP_DELTAS=3,5` (read by
+/// [`serve_with`]) never sends the delta that builds version 3 or 5 (the
+/// links after it then name a base the subscriber does not hold). Unset
+/// in production.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    drop_deltas: Vec<u64>,
+}
+
+impl Faults {
+    pub const DROP_DELTAS: &str = "BAPO_FAULT_DROP_DELTAS";
+
+    /// The faults `BAPO_FAULT_DROP_DELTAS` asks for (none when unset).
+    pub fn from_env() -> Self {
+        let drop_deltas = std::env::var(Self::DROP_DELTAS)
+            .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+            .unwrap_or_default();
+        Self::drop_deltas(drop_deltas)
+    }
+
+    /// Never send the deltas that build `versions`.
+    pub fn drop_deltas(versions: Vec<u64>) -> Self {
+        Self {
+            drop_deltas: versions,
+        }
+    }
+
+    fn drops(&self, link: &Link) -> bool {
+        self.drop_deltas.contains(&link.version)
     }
 }
 
@@ -56,11 +96,13 @@ impl Drop for Subscribed {
 type WeightStream = Pin<Box<dyn Stream<Item = Result<WeightMessage, Status>> + Send>>;
 type Sink = mpsc::Sender<Result<WeightMessage, Status>>;
 
-/// The weights a subscriber holds: a version of one incarnation.
+/// The weights a subscriber holds: a version of one incarnation, and the
+/// CRC32 of its payload where the subscriber keeps it for deltas.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Held {
     version: u64,
     incarnation: u64,
+    crc: u32,
 }
 
 impl Held {
@@ -69,6 +111,7 @@ impl Held {
         (req.have_version > 0).then_some(Self {
             version: req.have_version,
             incarnation: req.have_incarnation,
+            crc: req.have_crc,
         })
     }
 
@@ -76,8 +119,16 @@ impl Held {
         Self {
             version: p.version,
             incarnation: p.incarnation,
+            crc: p.crc,
         }
     }
+}
+
+/// The delta links that bring a subscriber holding `held` to `p`, or
+/// `None` when it is sent `p` whole.
+fn links_for(held: Option<Held>, p: &Published) -> Option<&[Arc<Link>]> {
+    let h = held.filter(|h| h.incarnation == p.incarnation && h.crc != 0)?;
+    delta_chain::route(&p.links, h.version, h.crc)
 }
 
 /// Whether `p` goes to a subscriber holding `held`: one that holds
@@ -101,6 +152,8 @@ impl WeightSource for WeightSourceService {
         let req = request.into_inner();
         let mut held = Held::from_request(&req);
         let mut held_base = req.have_base;
+        let takes_deltas = req.takes_deltas;
+        let faults = self.faults.clone();
         let mut rx = self.hub.subscribe();
         let mut closed = self.hub.closed();
         if *closed.borrow() {
@@ -124,7 +177,12 @@ impl WeightSource for WeightSourceService {
                         }
                         held_base = base.fingerprint;
                     }
-                    if !send(&tx, &p, p.version).await {
+                    let links = links_for(held, &p).filter(|_| takes_deltas);
+                    let sent = match links {
+                        Some(links) => send_links(&tx, links, &p, &faults).await,
+                        None => send(&tx, &p, p.version).await,
+                    };
+                    if !sent {
                         break;
                     }
                     histogram!(names::WEIGHT_PUBLISH_SECONDS).record(p.at.elapsed().as_secs_f64());
@@ -142,24 +200,62 @@ impl WeightSource for WeightSourceService {
     }
 }
 
-/// Sends `p` as one update message and its chunks, as `version` (a base
-/// goes out under the version of the adapters that follow it); false
+/// Sends `p` whole as one update message and its chunks, as `version` (a
+/// base goes out under the version of the adapters that follow it); false
 /// once the subscriber has gone.
 async fn send(tx: &Sink, p: &Published, version: u64) -> bool {
-    let chunks: Vec<_> = (0..p.payload.len())
-        .step_by(CHUNK_BYTES)
-        .map(|s| p.payload.slice(s..(s + CHUNK_BYTES).min(p.payload.len())))
-        .collect();
     let update = WeightUpdate {
         version,
         header: p.header.clone(),
-        payload_len: p.payload.len() as u64,
-        chunks: chunks.len() as u32,
         model_config_json: p.config_json.clone(),
         incarnation: p.incarnation,
         base: p.is_base(),
         base_fingerprint: p.fingerprint,
+        ..Default::default()
     };
+    sent("snapshot", p.payload.len());
+    send_payload(tx, update, &p.payload).await
+}
+
+/// Sends each of `links` as a delta update, the last one building `p`.
+async fn send_links(tx: &Sink, links: &[Arc<Link>], p: &Published, faults: &Faults) -> bool {
+    for (i, link) in links.iter().enumerate() {
+        if faults.drops(link) {
+            tracing::warn!(version = link.version, "fault injected: delta not sent");
+            continue;
+        }
+        let update = WeightUpdate {
+            version: link.version,
+            header: link.header.clone(),
+            model_config_json: p.config_json.clone(),
+            incarnation: p.incarnation,
+            delta: true,
+            delta_from: link.from_version,
+            deltas_after: (links.len() - 1 - i) as u32,
+            ..Default::default()
+        };
+        sent("delta", link.delta.len());
+        if !send_payload(tx, update, &link.delta).await {
+            return false;
+        }
+    }
+    true
+}
+
+fn sent(kind: &'static str, bytes: usize) {
+    counter!(names::WEIGHT_SENDS, "kind" => kind).increment(1);
+    counter!(names::WEIGHT_SENT_BYTES, "kind" => kind).increment(bytes as u64);
+}
+
+/// Sends `update` with `payload` in chunks after it; false once the
+/// subscriber has gone.
+async fn send_payload(tx: &Sink, mut update: WeightUpdate, payload: &bytes::Bytes) -> bool {
+    let chunks: Vec<_> = (0..payload.len())
+        .step_by(CHUNK_BYTES)
+        .map(|s| payload.slice(s..(s + CHUNK_BYTES).min(payload.len())))
+        .collect();
+    update.payload_len = payload.len() as u64;
+    update.chunks = chunks.len() as u32;
     let messages = std::iter::once(Kind::Update(update)).chain(chunks.into_iter().map(Kind::Chunk));
     for kind in messages {
         let m = WeightMessage { kind: Some(kind) };
@@ -182,11 +278,23 @@ pub async fn serve(
 
 /// Serves the weight stream on `listener` with `security` (plaintext, or
 /// mutual TLS where only actors may subscribe: see `bapo_proto::tls`)
-/// until `shutdown` resolves.
+/// until `shutdown` resolves; with the faults the environment asks for
+/// ([`Faults::from_env`]).
 pub async fn serve_with(
     hub: WeightHub,
     listener: TcpListener,
     security: ServerSecurity,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    serve_faulty(hub, listener, security, Faults::from_env(), shutdown).await
+}
+
+/// [`serve_with`] injecting `faults`.
+pub async fn serve_faulty(
+    hub: WeightHub,
+    listener: TcpListener,
+    security: ServerSecurity,
+    faults: Faults,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (_health, health_service) =
@@ -198,7 +306,9 @@ pub async fn serve_with(
     transport::secured_server(&security)
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(WeightSourceServer::new(WeightSourceService::new(hub)))
+        .add_service(WeightSourceServer::new(WeightSourceService::new(
+            hub, faults,
+        )))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())
@@ -222,6 +332,9 @@ mod tests {
             at: Instant::now(),
             base: None,
             fingerprint: 0,
+            encoding: bapo_policy::weights::Encoding::F32,
+            crc: 0,
+            links: Arc::new([]),
         }
     }
 
@@ -232,6 +345,7 @@ mod tests {
             Some(Held {
                 version,
                 incarnation,
+                crc: 0,
             })
         };
         assert!(wanted(None, &p));

@@ -28,8 +28,33 @@ pub enum DeltaError {
     WrongResult,
 }
 
+impl DeltaError {
+    /// A short label for metrics: `base` (made against other bytes),
+    /// `checksum` (the result is not what the learner made) or
+    /// `malformed`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DeltaError::WrongBase { .. } => "base",
+            DeltaError::WrongResult => "checksum",
+            _ => "malformed",
+        }
+    }
+}
+
 /// `new` as the words that differ from `base` (`word` bytes each).
 pub fn diff(base: &[u8], new: &[u8], word: usize) -> Result<Vec<u8>, DeltaError> {
+    diff_known(base, crc32fast::hash(base), new, crc32fast::hash(new), word)
+}
+
+/// [`diff`] for payloads whose CRC32s are known already (the weights
+/// header carries them), saving two passes over the weights.
+pub fn diff_known(
+    base: &[u8],
+    base_crc: u32,
+    new: &[u8],
+    new_crc: u32,
+    word: usize,
+) -> Result<Vec<u8>, DeltaError> {
     if base.len() != new.len() {
         return Err(DeltaError::Layout {
             base: base.len(),
@@ -41,23 +66,29 @@ pub fn diff(base: &[u8], new: &[u8], word: usize) -> Result<Vec<u8>, DeltaError>
     }
     let mut body = Vec::new();
     let (mut last, mut count) = (0u64, 0u64);
-    for (i, (b, n)) in base
-        .chunks_exact(word)
-        .zip(new.chunks_exact(word))
-        .enumerate()
-    {
-        if b != n {
-            put_varint(&mut body, i as u64 - last);
-            body.extend_from_slice(n);
-            last = i as u64;
-            count += 1;
+    // Equal blocks are skipped whole (a vectorised compare): most of the
+    // weights do not change from one step to the next.
+    const BLOCK: usize = 64;
+    for (b, (bb, nb)) in base.chunks(BLOCK).zip(new.chunks(BLOCK)).enumerate() {
+        if bb == nb {
+            continue;
+        }
+        let first = (b * BLOCK / word) as u64;
+        for (i, (bw, nw)) in bb.chunks_exact(word).zip(nb.chunks_exact(word)).enumerate() {
+            if bw != nw {
+                let index = first + i as u64;
+                put_varint(&mut body, index - last);
+                body.extend_from_slice(nw);
+                last = index;
+                count += 1;
+            }
         }
     }
     let mut out = Vec::with_capacity(HEADER + body.len());
     out.extend_from_slice(&MAGIC);
     out.push(word as u8);
-    out.extend_from_slice(&crc32fast::hash(base).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(new).to_le_bytes());
+    out.extend_from_slice(&base_crc.to_le_bytes());
+    out.extend_from_slice(&new_crc.to_le_bytes());
     out.extend_from_slice(&(new.len() as u64).to_le_bytes());
     out.extend_from_slice(&count.to_le_bytes());
     out.extend_from_slice(&body);
@@ -66,59 +97,117 @@ pub fn diff(base: &[u8], new: &[u8], word: usize) -> Result<Vec<u8>, DeltaError>
 
 /// The payload `delta` builds from `base`, checked against both CRCs.
 pub fn apply(base: &[u8], delta: &[u8]) -> Result<Vec<u8>, DeltaError> {
-    let malformed = DeltaError::Malformed;
-    if delta.len() < HEADER || delta[..4] != MAGIC {
-        return Err(malformed("no delta header"));
+    let mut out = base.to_vec();
+    apply_in_place(&mut out, delta)?;
+    Ok(out)
+}
+
+/// What a delta's header says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaHeader {
+    /// Bytes per word: 2 (bf16) or 4 (f32).
+    pub word: usize,
+    /// CRC32 of the payload the delta applies to.
+    pub base_crc: u32,
+    /// CRC32 of the payload it builds.
+    pub result_crc: u32,
+    /// Length of both payloads.
+    pub len: u64,
+    /// Words it changes.
+    pub count: u64,
+}
+
+impl DeltaHeader {
+    /// Reads the header of `delta`, or says why it is none.
+    pub fn read(delta: &[u8]) -> Result<Self, DeltaError> {
+        if delta.len() < HEADER || delta[..4] != MAGIC {
+            return Err(DeltaError::Malformed("no delta header"));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(delta[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(delta[i..i + 8].try_into().expect("8 bytes"));
+        Ok(Self {
+            word: delta[4] as usize,
+            base_crc: u32_at(5),
+            result_crc: u32_at(9),
+            len: u64_at(13),
+            count: u64_at(21),
+        })
     }
-    let word = delta[4] as usize;
-    let u32_at = |i: usize| u32::from_le_bytes(delta[i..i + 4].try_into().expect("4 bytes"));
-    let u64_at = |i: usize| u64::from_le_bytes(delta[i..i + 8].try_into().expect("8 bytes"));
-    let (want, result_crc) = (u32_at(5), u32_at(9));
-    let (len, count) = (u64_at(13), u64_at(21));
-    let held = crc32fast::hash(base);
-    if held != want {
-        return Err(DeltaError::WrongBase { want, held });
-    }
-    if len != base.len() as u64 {
-        return Err(DeltaError::Layout {
-            base: base.len(),
-            new: len as usize,
+}
+
+/// Applies `delta` to `payload` where it lies, without a second copy of
+/// the weights (at 7B in bf16 a copy is 14 GB).
+///
+/// Everything that can be checked before a byte changes is: the base's
+/// CRC, the layout, and every index and word of the delta. `payload` is
+/// untouched when one of those fails. Only the result's CRC is known
+/// after the writes: on [`DeltaError::WrongResult`] `payload` holds
+/// neither version and must be dropped (the subscriber then asks for a
+/// full snapshot).
+pub fn apply_in_place(payload: &mut [u8], delta: &[u8]) -> Result<(), DeltaError> {
+    let h = DeltaHeader::read(delta)?;
+    let held = crc32fast::hash(payload);
+    if held != h.base_crc {
+        return Err(DeltaError::WrongBase {
+            want: h.base_crc,
+            held,
         });
     }
-    if !matches!(word, 2 | 4) || !base.len().is_multiple_of(word) {
-        return Err(DeltaError::Word(word));
+    if h.len != payload.len() as u64 {
+        return Err(DeltaError::Layout {
+            base: payload.len(),
+            new: h.len as usize,
+        });
     }
-    let mut out = base.to_vec();
+    if !matches!(h.word, 2 | 4) || !payload.len().is_multiple_of(h.word) {
+        return Err(DeltaError::Word(h.word));
+    }
+    // A dry run first: a malformed delta must leave the payload as it was.
+    words(delta, h, payload.len(), |_, _| {})?;
+    words(delta, h, payload.len(), |start, value| {
+        payload[start..start + value.len()].copy_from_slice(value)
+    })?;
+    if crc32fast::hash(payload) != h.result_crc {
+        return Err(DeltaError::WrongResult);
+    }
+    Ok(())
+}
+
+/// Walks the (byte offset, new word) pairs of `delta`, checking each
+/// against a payload of `len` bytes.
+fn words(
+    delta: &[u8],
+    h: DeltaHeader,
+    len: usize,
+    mut each: impl FnMut(usize, &[u8]),
+) -> Result<(), DeltaError> {
+    let malformed = DeltaError::Malformed;
     let (mut at, mut index) = (HEADER, 0u64);
-    for _ in 0..count {
+    for _ in 0..h.count {
         let gap = get_varint(delta, &mut at).ok_or(malformed("a gap cut short"))?;
         index = index
             .checked_add(gap)
             .ok_or(malformed("an index overflows"))?;
         let start = usize::try_from(index)
             .ok()
-            .and_then(|i| i.checked_mul(word))
-            .filter(|&s| s + word <= out.len())
+            .and_then(|i| i.checked_mul(h.word))
+            .filter(|&s| s.checked_add(h.word).is_some_and(|e| e <= len))
             .ok_or(malformed("an index past the payload"))?;
         let value = delta
-            .get(at..at + word)
+            .get(at..at + h.word)
             .ok_or(malformed("a word cut short"))?;
-        out[start..start + word].copy_from_slice(value);
-        at += word;
+        each(start, value);
+        at += h.word;
     }
     if at != delta.len() {
         return Err(malformed("bytes after the last word"));
     }
-    if crc32fast::hash(&out) != result_crc {
-        return Err(DeltaError::WrongResult);
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// How many words a delta changes (its header's count), if it is one.
 pub fn changed_words(delta: &[u8]) -> Option<u64> {
-    (delta.len() >= HEADER && delta[..4] == MAGIC)
-        .then(|| u64::from_le_bytes(delta[21..29].try_into().expect("8 bytes")))
+    DeltaHeader::read(delta).ok().map(|h| h.count)
 }
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -190,6 +279,25 @@ mod tests {
             Err(DeltaError::Layout { .. })
         ));
         assert_eq!(diff(&[0; 6], &[0; 6], 4), Err(DeltaError::Word(4)));
+    }
+
+    #[test]
+    fn a_malformed_delta_leaves_the_payload_as_it_was() {
+        let base = words(&[1, 2, 3, 4]);
+        let new = words(&[7, 2, 3, 8]);
+        let d = diff(&base, &new, 2).unwrap();
+        // The first word is fine, the second is cut short: nothing written.
+        let mut held = base.clone();
+        assert!(apply_in_place(&mut held, &d[..d.len() - 1]).is_err());
+        assert_eq!(held, base);
+        apply_in_place(&mut held, &d).unwrap();
+        assert_eq!(held, new);
+        // Applied twice, the base is no longer the one named.
+        assert!(matches!(
+            apply_in_place(&mut held, &d),
+            Err(DeltaError::WrongBase { .. })
+        ));
+        assert_eq!(held, new);
     }
 
     proptest! {

@@ -84,7 +84,7 @@ pub async fn run(args: LearnerArgs) -> anyhow::Result<()> {
         .context("saving the tokenizer next to the checkpoints")?;
     let eval = eval_hook(&cfg, &tokenizer)?;
 
-    let hub = WeightHub::new();
+    let hub = WeightHub::new().with_deltas(cfg.learner.broadcast_deltas);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding the learner's gRPC address {}", args.listen))?;

@@ -1,0 +1,238 @@
+//! Following the learner's weight stream: each announced version is
+//! reassembled from its chunks, checked against its header (length, CRC32,
+//! version, encoding) and loaded into a fresh model, which then replaces
+//! the current one for every generation of this actor. A broken or
+//! corrupt transfer is dropped whole (the current weights stay) and the
+//! stream is reconnected with exponential backoff and jitter.
+//!
+//! A version may come as a delta from the one in use (`deltas.rs` says
+//! what is checked): the actor keeps the payload of the version it
+//! serves, in the wire encoding, for that.
+//!
+//! A bf16 stream is widened back to the device's compute dtype (f32 on
+//! the CPU) as it loads: the actor samples, and records its behaviour
+//! log-probs, with the bf16-rounded weights, and the learner's importance
+//! ratio is taken against exactly those log-probs.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bapo_policy::{Policy, Precision, burn::prelude::*};
+use bapo_proto::{
+    tls::{self, ClientTls},
+    v1::{SubscribeRequest, weight_message::Kind, weight_source_client::WeightSourceClient},
+};
+use metrics::{counter, gauge, histogram};
+use tokio::sync::watch;
+
+use crate::{backoff::Backoff, metrics as names};
+
+mod assembly;
+mod deltas;
+
+pub use assembly::{Assembly, Base, Loaded, TransferError};
+use deltas::{Applied, Kept};
+
+/// A policy, the version it is, and the learner incarnation that
+/// published it (versions are comparable only within one incarnation's
+/// lineage: a resumed learner reuses version numbers).
+#[derive(Debug)]
+pub struct Versioned {
+    pub version: u64,
+    pub incarnation: u64,
+    pub policy: Policy,
+}
+
+impl Versioned {
+    /// Whether `other` is a different set of weights from these.
+    pub fn differs(&self, other: &Versioned) -> bool {
+        self.version != other.version || self.incarnation != other.incarnation
+    }
+}
+
+pub type PolicyCell = watch::Receiver<Option<Arc<Versioned>>>;
+
+/// What a subscriber keeps across updates and reconnections.
+#[derive(Debug, Default)]
+struct Holdings {
+    /// The LoRA base: a LoRA learner then sends adapters only.
+    base: Option<Base>,
+    /// The payload of the version in use, for deltas.
+    kept: Option<Kept>,
+    /// A delta was refused: ask for the newest version whole.
+    want_snapshot: bool,
+}
+
+impl Holdings {
+    /// The request that asks for what is newer than the version `serving`
+    /// (a learner of another incarnation sends its weights whatever the
+    /// version), as deltas where the kept payload is that version's.
+    fn request(&mut self, actor_id: &str, serving: Option<(u64, u64)>) -> SubscribeRequest {
+        if self
+            .kept
+            .as_ref()
+            .is_some_and(|k| Some((k.version, k.incarnation)) != serving)
+        {
+            // A chain cut short: the kept bytes are ahead of what serves.
+            self.kept = None;
+        }
+        let have = serving.filter(|_| !self.want_snapshot).unwrap_or((0, 0));
+        SubscribeRequest {
+            actor_id: actor_id.to_string(),
+            have_version: have.0,
+            have_incarnation: have.1,
+            have_base: self.base.as_ref().map_or(0, |b| b.fingerprint),
+            have_crc: self.kept.as_ref().map_or(0, |k| k.crc),
+            takes_deltas: true,
+        }
+    }
+}
+
+/// Follows the learner at `url` until `stop` fires, publishing each loaded
+/// version into `cell`. With `tls`, the certificate files are read again
+/// at every reconnection (a rotated certificate is used from then on).
+pub async fn follow(
+    url: String,
+    tls: Option<ClientTls>,
+    actor_id: String,
+    device: Device,
+    precision: Precision,
+    cell: watch::Sender<Option<Arc<Versioned>>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    let mut held = Holdings::default();
+    loop {
+        let result = tokio::select! {
+            r = stream_once(&url, tls.as_ref(), &actor_id, (&device, precision), &cell, &mut held, &mut backoff) => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        if let Err(e) = result {
+            tracing::warn!(learner = %url, "weight stream: {e}; reconnecting");
+            if let Some(TransferError::Delta { .. }) = e.downcast_ref() {
+                // The snapshot is wanted now, not after a backoff.
+                continue;
+            }
+        }
+        counter!(names::RECONNECTS, "peer" => "learner").increment(1);
+        tokio::select! {
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+async fn stream_once(
+    url: &str,
+    tls: Option<&ClientTls>,
+    actor_id: &str,
+    (device, precision): (&Device, Precision),
+    cell: &watch::Sender<Option<Arc<Versioned>>>,
+    held: &mut Holdings,
+    backoff: &mut Backoff,
+) -> anyhow::Result<()> {
+    let serving = cell.borrow().as_ref().map(|v| (v.version, v.incarnation));
+    let request = held.request(actor_id, serving);
+    let channel = tls::connector(url, tls)?.connect().await?;
+    let mut client = WeightSourceClient::new(channel).max_decoding_message_size(64 << 20);
+    let mut stream = client.subscribe(request).await?.into_inner();
+    backoff.reset();
+    let mut current: Option<(Assembly, Instant)> = None;
+    while let Some(msg) = stream.message().await? {
+        match msg.kind {
+            Some(Kind::Update(u)) => {
+                let empty = u.payload_len == 0;
+                current = Some((Assembly::new(u), Instant::now()));
+                if !empty {
+                    continue;
+                }
+            }
+            Some(Kind::Chunk(c)) => {
+                let Some((a, _)) = current.as_mut() else {
+                    return Err(TransferError::Orphan.into());
+                };
+                if !a.push(&c)? {
+                    continue;
+                }
+            }
+            None => continue,
+        }
+        let (assembly, started) = current.take().expect("an update is being assembled");
+        let Some(loaded) = load(assembly, (device, precision), held).await? else {
+            continue;
+        };
+        histogram!(names::WEIGHT_APPLY_SECONDS).record(started.elapsed().as_secs_f64());
+        gauge!(names::WEIGHT_VERSION).set(loaded.version as f64);
+        gauge!(names::WEIGHT_CRC).set(f64::from(held.kept.as_ref().map_or(0, |k| k.crc)));
+        tracing::debug!(
+            version = loaded.version,
+            incarnation = loaded.incarnation,
+            "weights loaded"
+        );
+        cell.send_replace(Some(Arc::new(loaded)));
+    }
+    if let Some((a, _)) = current {
+        return Err(TransferError::Incomplete {
+            version: a.update.version,
+            got: a.payload.len(),
+            want: a.update.payload_len,
+        }
+        .into());
+    }
+    anyhow::bail!("learner closed the weight stream")
+}
+
+/// Verifies and loads one complete update, off the runtime: a policy to
+/// serve, or `None` for a LoRA base or a link inside a delta chain. A
+/// whole model's payload is kept for the deltas that follow.
+async fn load(
+    assembly: Assembly,
+    (device, precision): (&Device, Precision),
+    held: &mut Holdings,
+) -> anyhow::Result<Option<Versioned>> {
+    let device = device.clone();
+    let base = held.base.clone();
+    let kept = held.kept.take();
+    let is_delta = assembly.update().delta;
+    let work = move || -> Result<_, TransferError> {
+        let (kept, assembly) = if is_delta {
+            match deltas::apply(kept, assembly)? {
+                Applied::Link(k) => return Ok((Some(k), None)),
+                Applied::Whole(k, whole) => (Some(k), whole),
+            }
+        } else {
+            (None, assembly)
+        };
+        // A whole model's bytes as they came, for the next delta.
+        let keep = kept.or_else(|| assembly.keepable());
+        let loaded = assembly.finish(&device, precision, base.as_ref())?;
+        Ok((keep, Some(loaded)))
+    };
+    let (kept, loaded) = match tokio::task::spawn_blocking(work).await? {
+        Ok(done) => done,
+        Err(e) => {
+            if let TransferError::Delta { reason, .. } = &e {
+                counter!(names::WEIGHT_DELTAS_REFUSED, "reason" => *reason).increment(1);
+                held.want_snapshot = true;
+            }
+            return Err(e.into());
+        }
+    };
+    let kind = if is_delta { "delta" } else { "snapshot" };
+    match loaded {
+        None => held.kept = kept,
+        Some(Loaded::Base(b)) => {
+            tracing::info!(fingerprint = %format!("{:016x}", b.fingerprint), "LoRA base loaded");
+            held.base = Some(*b);
+        }
+        Some(Loaded::Policy(v)) => {
+            counter!(names::WEIGHT_UPDATES, "kind" => kind).increment(1);
+            held.kept = kept;
+            held.want_snapshot = false;
+            return Ok(Some(*v));
+        }
+    }
+    Ok(None)
+}
