@@ -486,7 +486,6 @@ fn attention_forward(
     let mut out = vec![0.0f32; b * t * h * d];
     let mut lse = vec![0.0f32; b * h * t];
     let (out_p, lse_p) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
-    let (q_rs, kv_rs, scale) = (sh.q_rs() as isize, sh.kv_rs() as isize, sh.scale());
     let keys = offset + t;
     (0..b * kv).into_par_iter().for_each(|task| {
         let (bi, g) = (task / kv, task % kv);
@@ -495,58 +494,83 @@ fn attention_forward(
         // starting at column `s0` (one segment from 0: plain causal).
         for (s0, len) in segments.of_row(bi) {
             let kv_off = (bi * cap * kv + g) * d + s0 * kv * d;
-            let k_mat = Mat::rows(&ks[kv_off..], kv_rs);
-            let v_mat = Mat::rows(&vs[kv_off..], kv_rs);
             for head in g * rep..(g + 1) * rep {
                 let q_off = (bi * t * h + head) * d + s0 * h * d;
                 let lse_off = (bi * h + head) * t + s0;
                 for r0 in (0..len).step_by(QUERY_BLOCK) {
                     let m = QUERY_BLOCK.min(len - r0);
-                    let n = offset + r0 + m;
-                    let row0 = q_off + r0 * h * d;
-                    // SAFETY: the operands index inside q/k/v/out by
-                    // construction of the offsets and strides above; `out` and
-                    // `lse` rows of this head belong to this task alone.
+                    let at = (q_off + r0 * h * d, kv_off, lse_off + r0);
+                    // SAFETY: the offsets index inside q/k/v/out by
+                    // construction; `out` and `lse` rows of this head
+                    // belong to this task alone.
                     unsafe {
-                        let lse_rows = std::slice::from_raw_parts_mut(lse_p.at(lse_off + r0), m);
-                        if m < DIRECT_ROWS {
-                            let span = (m - 1) * h * d + d;
-                            let out_rows = std::slice::from_raw_parts_mut(out_p.at(row0), span);
-                            attend_direct(
-                                &qs[row0..row0 + span],
-                                &ks[kv_off..],
-                                &vs[kv_off..],
-                                (m, d, h * d, kv * d),
-                                offset + r0,
-                                scale,
-                                &mut s,
-                                out_rows,
-                                lse_rows,
-                            );
-                            continue;
-                        }
-                        let q_mat = Mat::rows(&qs[row0..], q_rs);
-                        let s = &mut s[..m * n];
-                        mm(
-                            m,
-                            n,
-                            d,
-                            s.as_mut_ptr(),
-                            n as isize,
-                            false,
-                            q_mat,
-                            k_mat.t(),
-                            scale,
-                        );
-                        causal_softmax_rows(s, n, offset + r0, lse_rows);
-                        let p = Mat::rows(s, n as isize);
-                        mm(m, d, n, out_p.at(row0), q_rs, false, p, v_mat, 1.0);
-                    }
+                        forward_block(
+                            (qs, ks, vs),
+                            (out_p, lse_p),
+                            &sh,
+                            at,
+                            (m, offset + r0),
+                            &mut s,
+                        )
+                    };
                 }
             }
         }
     });
     (tensor(out, [b, t, h, d]), tensor(lse, [b, h, t]))
+}
+
+/// One block of `m` query rows of one head, the first at absolute
+/// position `first`: its scores against the keys it sees, the causal
+/// softmax (and each row's log-sum-exp), and P·V into its output rows.
+/// `at`: the block's first row in q and out, its kv head's first key
+/// row, and its first slot in lse.
+///
+/// # Safety
+/// The offsets must index inside q/k/v/out/lse, and the block's `out`
+/// rows and `lse` slots must be the caller's alone.
+unsafe fn forward_block(
+    (qs, ks, vs): (&[f32], &[f32], &[f32]),
+    (out_p, lse_p): (Shared, Shared),
+    sh: &AttentionShape,
+    (row0, kv_off, lse_at): (usize, usize, usize),
+    (m, first): (usize, usize),
+    scratch: &mut [f32],
+) {
+    let (h, kv, d) = (sh.h, sh.kv, sh.d);
+    let (q_rs, kv_rs, scale) = (sh.q_rs() as isize, sh.kv_rs() as isize, sh.scale());
+    let n = first + m;
+    // SAFETY: the caller's contract.
+    unsafe {
+        let lse_rows = std::slice::from_raw_parts_mut(lse_p.at(lse_at), m);
+        if m < DIRECT_ROWS {
+            let span = (m - 1) * h * d + d;
+            let out_rows = std::slice::from_raw_parts_mut(out_p.at(row0), span);
+            let shape = (m, d, h * d, kv * d);
+            let (k, v) = (&ks[kv_off..], &vs[kv_off..]);
+            let q = &qs[row0..row0 + span];
+            attend_direct(q, k, v, shape, first, scale, scratch, out_rows, lse_rows);
+            return;
+        }
+        let k_mat = Mat::rows(&ks[kv_off..], kv_rs);
+        let v_mat = Mat::rows(&vs[kv_off..], kv_rs);
+        let q_mat = Mat::rows(&qs[row0..], q_rs);
+        let s = &mut scratch[..m * n];
+        mm(
+            m,
+            n,
+            d,
+            s.as_mut_ptr(),
+            n as isize,
+            false,
+            q_mat,
+            k_mat.t(),
+            scale,
+        );
+        causal_softmax_rows(s, n, first, lse_rows);
+        let p = Mat::rows(s, n as isize);
+        mm(m, d, n, out_p.at(row0), q_rs, false, p, v_mat, 1.0);
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -583,88 +607,38 @@ fn attention_backward(
         dense(lse),
         dense(grad),
     );
-    let (qs, ks, vs, os, ls, gs) = (
-        values(&q),
-        values(&k),
-        values(&v),
-        values(&out),
-        values(&lse),
-        values(&grad),
-    );
+    let saved = Saved {
+        q: values(&q),
+        k: values(&k),
+        v: values(&v),
+        out: values(&out),
+        lse: values(&lse),
+        grad: values(&grad),
+    };
     let rep = h / kv;
     let mut dq = vec![0.0f32; b * t * h * d];
     let mut dk = vec![0.0f32; b * t * kv * d];
     let mut dv = vec![0.0f32; b * t * kv * d];
-    let (dq_p, dk_p, dv_p) = (
-        Shared(dq.as_mut_ptr()),
-        Shared(dk.as_mut_ptr()),
-        Shared(dv.as_mut_ptr()),
-    );
-    let (q_rs, kv_rs, scale) = (sh.q_rs() as isize, sh.kv_rs() as isize, sh.scale());
+    let grads = Grads {
+        dq: Shared(dq.as_mut_ptr()),
+        dk: Shared(dk.as_mut_ptr()),
+        dv: Shared(dv.as_mut_ptr()),
+    };
     (0..b * kv).into_par_iter().for_each(|task| {
         let (bi, g) = (task / kv, task % kv);
-        let block = QUERY_BLOCK.min(t);
-        let mut s = vec![0.0f32; block * t];
-        let mut dp = vec![0.0f32; block * t];
-        let mut delta = vec![0.0f32; block];
+        let mut scratch = Scratch::for_block(QUERY_BLOCK.min(t), t);
         for (s0, len) in segments.of_row(bi) {
             let kv_off = (bi * t * kv + g) * d + s0 * kv * d;
-            let k_mat = Mat::rows(&ks[kv_off..], kv_rs);
-            let v_mat = Mat::rows(&vs[kv_off..], kv_rs);
             for head in g * rep..(g + 1) * rep {
                 let q_off = (bi * t * h + head) * d + s0 * h * d;
                 let lse_off = (bi * h + head) * t + s0;
                 for r0 in (0..len).step_by(QUERY_BLOCK) {
                     let m = QUERY_BLOCK.min(len - r0);
-                    let n = r0 + m;
-                    let row0 = q_off + r0 * h * d;
-                    let q_mat = Mat::rows(&qs[row0..], q_rs);
-                    let do_mat = Mat::rows(&gs[row0..], q_rs);
-                    for (i, dl) in delta[..m].iter_mut().enumerate() {
-                        let at = row0 + i * h * d;
-                        *dl = dot(&gs[at..at + d], &os[at..at + d]);
-                    }
-                    let (s, dp) = (&mut s[..m * n], &mut dp[..m * n]);
-                    // SAFETY: as in the forward; dq rows of this head and the
-                    // dk/dv rows of kv head `g` of batch `bi` belong to this task.
-                    unsafe {
-                        mm(
-                            m,
-                            n,
-                            d,
-                            s.as_mut_ptr(),
-                            n as isize,
-                            false,
-                            q_mat,
-                            k_mat.t(),
-                            scale,
-                        );
-                        mm(
-                            m,
-                            n,
-                            d,
-                            dp.as_mut_ptr(),
-                            n as isize,
-                            false,
-                            do_mat,
-                            v_mat.t(),
-                            1.0,
-                        );
-                        attention_grad_rows(
-                            s,
-                            dp,
-                            n,
-                            r0,
-                            &ls[lse_off + r0..lse_off + n],
-                            &delta[..m],
-                        );
-                        let p = Mat::rows(s, n as isize);
-                        let ds = Mat::rows(dp, n as isize);
-                        // dV[0..n] += Pᵀ dO ; dK[0..n] += scale · dSᵀ Q ; dQ = scale · dS K.
-                        mm(n, d, m, dv_p.at(kv_off), kv_rs, true, p.t(), do_mat, 1.0);
-                        mm(n, d, m, dk_p.at(kv_off), kv_rs, true, ds.t(), q_mat, scale);
-                        mm(m, d, n, dq_p.at(row0), q_rs, false, ds, k_mat, scale);
-                    }
+                    let at = (q_off + r0 * h * d, kv_off, lse_off + r0);
+                    // SAFETY: as in the forward; dq rows of this head and
+                    // the dk/dv rows of kv head `g` of batch `bi` belong
+                    // to this task.
+                    unsafe { backward_block(&saved, grads, &sh, at, (m, r0), &mut scratch) };
                 }
             }
         }
@@ -674,6 +648,106 @@ fn attention_backward(
         tensor(dk, [b, t, kv, d]),
         tensor(dv, [b, t, kv, d]),
     )
+}
+
+/// What the attention backward reads, as flat rows: the forward's
+/// inputs, its output and log-sum-exp, and the output's gradient.
+struct Saved<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    out: &'a [f32],
+    lse: &'a [f32],
+    grad: &'a [f32],
+}
+
+/// Where the attention backward writes.
+#[derive(Clone, Copy)]
+struct Grads {
+    dq: Shared,
+    dk: Shared,
+    dv: Shared,
+}
+
+/// One task's working rows: the block's probabilities, their gradient,
+/// and each query row's dO·O.
+struct Scratch {
+    s: Vec<f32>,
+    dp: Vec<f32>,
+    delta: Vec<f32>,
+}
+
+impl Scratch {
+    fn for_block(rows: usize, keys: usize) -> Self {
+        Self {
+            s: vec![0.0; rows * keys],
+            dp: vec![0.0; rows * keys],
+            delta: vec![0.0; rows],
+        }
+    }
+}
+
+/// The backward of one block of `m` query rows of one head, the first at
+/// position `r0` of its segment: P and dP recomputed from the saved
+/// log-sum-exp, dS, then dV and dK of its kv head accumulated and dQ of
+/// its rows written. `at` as in [`forward_block`].
+///
+/// # Safety
+/// The offsets must index inside the saved rows and the gradients; the
+/// block's dq rows and its kv head's dk/dv rows must be the caller's
+/// alone.
+unsafe fn backward_block(
+    x: &Saved,
+    g: Grads,
+    sh: &AttentionShape,
+    (row0, kv_off, lse_at): (usize, usize, usize),
+    (m, r0): (usize, usize),
+    w: &mut Scratch,
+) {
+    let (h, d) = (sh.h, sh.d);
+    let (q_rs, kv_rs, scale) = (sh.q_rs() as isize, sh.kv_rs() as isize, sh.scale());
+    let n = r0 + m;
+    let k_mat = Mat::rows(&x.k[kv_off..], kv_rs);
+    let v_mat = Mat::rows(&x.v[kv_off..], kv_rs);
+    let q_mat = Mat::rows(&x.q[row0..], q_rs);
+    let do_mat = Mat::rows(&x.grad[row0..], q_rs);
+    for (i, dl) in w.delta[..m].iter_mut().enumerate() {
+        let at = row0 + i * h * d;
+        *dl = dot(&x.grad[at..at + d], &x.out[at..at + d]);
+    }
+    let (s, dp) = (&mut w.s[..m * n], &mut w.dp[..m * n]);
+    // SAFETY: the caller's contract.
+    unsafe {
+        mm(
+            m,
+            n,
+            d,
+            s.as_mut_ptr(),
+            n as isize,
+            false,
+            q_mat,
+            k_mat.t(),
+            scale,
+        );
+        mm(
+            m,
+            n,
+            d,
+            dp.as_mut_ptr(),
+            n as isize,
+            false,
+            do_mat,
+            v_mat.t(),
+            1.0,
+        );
+        attention_grad_rows(s, dp, n, r0, &x.lse[lse_at..lse_at + m], &w.delta[..m]);
+        let p = Mat::rows(s, n as isize);
+        let ds = Mat::rows(dp, n as isize);
+        // dV[0..n] += Pᵀ dO ; dK[0..n] += scale · dSᵀ Q ; dQ = scale · dS K.
+        mm(n, d, m, g.dv.at(kv_off), kv_rs, true, p.t(), do_mat, 1.0);
+        mm(n, d, m, g.dk.at(kv_off), kv_rs, true, ds.t(), q_mat, scale);
+        mm(m, d, n, g.dq.at(row0), q_rs, false, ds, k_mat, scale);
+    }
 }
 
 // ------------------------------------------------------ few-rows matmul

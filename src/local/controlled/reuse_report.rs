@@ -12,6 +12,7 @@ use super::{
     gate::GATE0_BAND,
     report::{write_charts, write_table},
     reuse_analysis::{Contrast, POWER, ReuseAnalysis},
+    stats::Paired,
 };
 
 fn yn(b: Option<bool>) -> &'static str {
@@ -20,6 +21,13 @@ fn yn(b: Option<bool>) -> &'static str {
         Some(false) => "failed",
         None => "not run",
     }
+}
+
+/// A paired comparison as the report prints it, or `none` without one.
+fn paired(p: Option<&Paired>, none: &str) -> String {
+    p.map_or(none.into(), |p| {
+        format!("{:+.4} (n {}, p = {:.4})", p.diff, p.n, p.p)
+    })
 }
 
 pub fn write(out: &Path, arms: &[Arm], runs: &[ArmRun], a: &ReuseAnalysis) -> anyhow::Result<()> {
@@ -175,6 +183,14 @@ fn write_quarters(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
 
 fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
     md.push_str("## Gates\n\n");
+    write_gate0(md, a)?;
+    write_gate1(md, a)?;
+    write_quarters(md, a)?;
+    write_gate2(md, a)
+}
+
+/// Gate 0: the warm start's positive share at ratio 1, per warm start.
+fn write_gate0(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
     writeln!(
         md,
         "- Gate 0 (the warm start's positive share at ratio 1 in [{}, {}]): {}",
@@ -201,6 +217,11 @@ fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
             g.minibatch_below_rho0 * 100.0
         )?;
     }
+    Ok(())
+}
+
+/// Gate 1: how often BAPO's start window misses rho0, per warm start.
+fn write_gate1(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
     writeln!(
         md,
         "- Gate 1 (BAPO's start window misses rho0 in >= {:.0}% of arm f's updates): {}{}",
@@ -212,7 +233,12 @@ fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
     for (w, m) in &a.gate1_by_warm_start {
         writeln!(md, "  - warm start {w}: missed in {:.1}%", m * 100.0)?;
     }
-    write_quarters(md, a)?;
+    Ok(())
+}
+
+/// Gate 2: PPO's entropy against its reuse dose, and what reuse costs
+/// beyond its updates.
+fn write_gate2(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
     let d = &a.gate2;
     let doses: Vec<String> = d
         .by_updates
@@ -231,31 +257,16 @@ fn write_gates(md: &mut String, a: &ReuseAnalysis) -> anyhow::Result<()> {
         } else {
             doses.join(", ")
         },
-        d.slope.as_ref().map_or("-".into(), |s| format!(
-            "{:+.4} (n {}, p = {:.4})",
-            s.diff, s.n, s.p
-        )),
-        d.on_policy_gain.as_ref().map_or("-".into(), |g| format!(
-            "{:+.4} (n {}, p = {:.4})",
-            g.diff, g.n, g.p
-        )),
-        d.on_policy_sampled_gain
-            .as_ref()
-            .map_or("-".into(), |g| format!(
-                "{:+.4} (n {}, p = {:.4})",
-                g.diff, g.n, g.p
-            )),
+        paired(d.slope.as_ref(), "-"),
+        paired(d.on_policy_gain.as_ref(), "-"),
+        paired(d.on_policy_sampled_gain.as_ref(), "-"),
     )?;
     for (e, p) in &d.reuse_vs_fresh {
         writeln!(
             md,
             "- Reuse beyond its updates (entropy change, PPO at E {e} minus the same {e} \
              updates on fresh mini-batches): {}",
-            p.as_ref()
-                .map_or("- (fewer than 2 pairs)".into(), |p| format!(
-                    "{:+.4} (n {}, p = {:.4})",
-                    p.diff, p.n, p.p
-                ))
+            paired(p.as_ref(), "- (fewer than 2 pairs)")
         )?;
     }
     Ok(())
