@@ -1,16 +1,34 @@
-//! `bapo bench broadcast`: the wall time of one weight update from the
-//! learner's publish to every subscriber holding the new policy, over the
-//! real weight stream (gRPC on loopback, plaintext) into real actor
-//! subscriptions (verify, decode, load into a model). 1 and 4
-//! subscribers, f32 beside bf16, measured in the same run on the same
-//! weights. What `bapo bench weights` leaves out: the transfer, and
-//! several actors decoding at once on the same cores.
+//! `bapo bench broadcast`: one weight version from the learner's publish
+//! to every subscriber, over the real weight stream (gRPC on loopback,
+//! plaintext), whole in f32, whole in bf16, and as bf16 deltas, measured
+//! in the same run on the same versions.
+//!
+//! The versions are real: `--lr` BAPO steps of the learner's own trainer
+//! between them (the deltas of real steps, not random noise); `--lr 0`
+//! republishes one set of weights (for shapes too large to train here).
+//!
+//! Two kinds of subscriber:
+//! - *serving*: the actor's own subscription (verify, apply a delta in
+//!   place, decode, load into a model): publish to serving, for up to
+//!   `--serving-max` subscribers (each holds a model and its payload);
+//! - *stream*: a bare gRPC subscriber that assembles each version,
+//!   applies deltas and checks the CRC32, without decoding: what the
+//!   learner and the wire cost at 1, 4, 16 subscribers.
+//!
+//! The reference is the file-reload path of vLLM actors: writing the
+//! version as an HF safetensors directory (vLLM's own reload from it comes
+//! on top, docs/vllm.md).
 
 use std::{sync::Arc, time::Instant};
 
 use bapo_actor::subscription::{self, Versioned};
 use bapo_learner::broadcast::WeightHub;
-use bapo_policy::{Precision, burn::prelude::*, model::Transformer, weights::Encoding};
+use bapo_policy::{
+    ModelConfig, Precision, burn::prelude::*, delta, model::Transformer, weights::Encoding,
+};
+use bapo_proto::v1::{
+    SubscribeRequest, WeightUpdate, weight_message::Kind, weight_source_client::WeightSourceClient,
+};
 use clap::Args;
 use tokio::sync::watch;
 
@@ -20,34 +38,179 @@ pub struct BroadcastBenchArgs {
     #[arg(long, default_value = "small")]
     pub configs: String,
     /// Subscriber counts.
-    #[arg(long, default_value = "1,4")]
+    #[arg(long, default_value = "1,4,16")]
     pub subscribers: String,
-    /// Timed updates per setting (the median is shown).
+    /// Timed versions per setting (the median is shown).
     #[arg(long, default_value_t = 3)]
     pub updates: u64,
+    /// Learning rate of the BAPO steps between versions (0: the same
+    /// weights every version).
+    #[arg(long, default_value_t = 1e-6)]
+    pub lr: f64,
+    /// How the versions travel: any of f32, bf16, bf16-delta, f32-delta.
+    #[arg(long, default_value = "f32,bf16,bf16-delta")]
+    pub modes: String,
+    /// The most subscribers that load each version into a model.
+    #[arg(long, default_value_t = 4)]
+    pub serving_max: usize,
 }
 
-type Cell = watch::Receiver<Option<Arc<Versioned>>>;
+/// How versions travel in one measurement.
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    encoding: Encoding,
+    deltas: bool,
+}
 
-/// Waits until every cell holds `version`.
-async fn all_at(cells: &mut [Cell], version: u64) -> anyhow::Result<()> {
-    for c in cells {
-        c.wait_for(|v| v.as_ref().is_some_and(|v| v.version >= version))
-            .await?;
+impl Mode {
+    fn parse(s: &str) -> anyhow::Result<Self> {
+        let (dtype, deltas) = match s.trim().strip_suffix("-delta") {
+            Some(d) => (d, true),
+            None => (s.trim(), false),
+        };
+        let encoding = Encoding::from_name(dtype)
+            .ok_or_else(|| anyhow::anyhow!("--modes: {s:?} (f32, bf16, bf16-delta, f32-delta)"))?;
+        Ok(Self { encoding, deltas })
+    }
+
+    fn name(self) -> String {
+        let suffix = if self.deltas { "-delta" } else { "" };
+        format!("{}{suffix}", self.encoding.name())
+    }
+}
+
+/// What one setting measured: medians over the timed versions.
+struct Row {
+    /// Payload bytes sent per subscriber per version.
+    bytes: f64,
+    /// The learner's publish: encode, CRC32 and (with deltas) the diff.
+    publish_s: f64,
+    /// From publish to every subscriber holding the version.
+    to_all_s: f64,
+}
+
+pub async fn run(a: BroadcastBenchArgs) -> anyhow::Result<()> {
+    let counts: Vec<usize> = a
+        .subscribers
+        .split(',')
+        .map(|s| s.trim().parse())
+        .collect::<Result<_, _>>()?;
+    let modes: Vec<Mode> = a
+        .modes
+        .split(',')
+        .map(Mode::parse)
+        .collect::<Result<_, _>>()?;
+    anyhow::ensure!(a.updates > 0, "--updates must be at least 1");
+    println!(
+        "bapo bench broadcast: {} ({} threads), loopback gRPC; versions {} apart; median of {} versions",
+        super::weights::cpu_name(),
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        if a.lr > 0.0 {
+            format!("one BAPO step at lr {:e}", a.lr)
+        } else {
+            "not (the same weights)".into()
+        },
+        a.updates
+    );
+    for name in a.configs.split(',') {
+        let config = super::model_config(name)?;
+        println!(
+            "\n== {}: {:.2} M parameters ==",
+            name.trim(),
+            config.num_params() as f64 / 1e6
+        );
+        let versions = versions(&config, a.lr, a.updates as usize + 1)?;
+        reference(&config, &versions[0]).await?;
+        println!(
+            "{:<11} {:>11} {:>9} {:>12} {:>10} {:>11} {:>11}",
+            "mode", "subscribers", "kind", "MB/version", "of whole", "publish s", "to all s"
+        );
+        for &mode in &modes {
+            let whole = whole_bytes(&versions[0], mode.encoding)?;
+            for &n in &counts {
+                let mut kinds = vec![("stream", false)];
+                if n <= a.serving_max {
+                    kinds.push(("serving", true));
+                }
+                for (kind, serving) in kinds {
+                    let r = measure(&config, &versions, n, mode, serving).await?;
+                    println!(
+                        "{:<11} {:>11} {:>9} {:>12.2} {:>10.4} {:>11.3} {:>11.3}",
+                        mode.name(),
+                        n,
+                        kind,
+                        r.bytes / 1e6,
+                        r.bytes / whole as f64,
+                        r.publish_s,
+                        r.to_all_s
+                    );
+                }
+            }
+        }
     }
     Ok(())
 }
 
-/// Seconds from publish to every subscriber loaded, per timed update, and
-/// the encode share of it.
+/// `n` versions of a model of `config`, one real BAPO step at `lr` apart
+/// (the same weights `n` times when `lr` is 0).
+fn versions(config: &ModelConfig, lr: f64, n: usize) -> anyhow::Result<Vec<Arc<Transformer>>> {
+    let device = Device::flex();
+    device.seed(0);
+    let model = Transformer::init(config, &device);
+    if lr == 0.0 {
+        let model = Arc::new(model);
+        return Ok((0..n).map(|_| model.clone()).collect());
+    }
+    let policy = bapo_policy::Policy::with_model(config.clone(), model, &device);
+    let cfg = bapo_learner::LearnerConfig {
+        lr,
+        batch_groups: 4,
+        ..Default::default()
+    };
+    let mut trainer = bapo_learner::Trainer::new(cfg, policy, 0)?;
+    let mut out = vec![Arc::new(trainer.model().clone())];
+    for step in 1..n {
+        let groups = super::weights::batch(&trainer.policy(), step as u32);
+        trainer.step(&groups)?;
+        out.push(Arc::new(trainer.model().clone()));
+    }
+    Ok(out)
+}
+
+fn whole_bytes(model: &Transformer, encoding: Encoding) -> anyhow::Result<usize> {
+    Ok(bapo_policy::weights::encode_as(model, 0, encoding)?.1.len())
+}
+
+/// The file-reload path's own share: the version written as an HF
+/// safetensors directory, as a vLLM actor writes it before each reload.
+async fn reference(config: &ModelConfig, model: &Arc<Transformer>) -> anyhow::Result<()> {
+    let policy =
+        bapo_policy::Policy::with_model(config.clone(), (**model).clone(), &Device::flex());
+    let dir = tempfile::tempdir()?;
+    let mut times = Vec::new();
+    for i in 0..3 {
+        let path = dir.path().join(i.to_string());
+        let t = Instant::now();
+        bapo_policy::hf::save(&policy, &path)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    println!(
+        "reference: the version as an HF safetensors directory (f32), {:.3} s to write, before vLLM's reload from it",
+        super::median(times)
+    );
+    Ok(())
+}
+
+/// Publishes `versions` to `n` subscribers in `mode` (the first untimed:
+/// connections up, every subscriber holding it) and times the rest.
 async fn measure(
-    model: &Transformer,
-    config: &bapo_policy::ModelConfig,
-    subscribers: usize,
-    encoding: Encoding,
-    updates: u64,
-) -> anyhow::Result<(Vec<f64>, Vec<f64>, usize)> {
-    let hub = WeightHub::new();
+    config: &ModelConfig,
+    versions: &[Arc<Transformer>],
+    n: usize,
+    mode: Mode,
+    serving: bool,
+) -> anyhow::Result<Row> {
+    let hub = WeightHub::new().with_deltas(mode.deltas);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -59,73 +222,115 @@ async fn measure(
             let _ = server_stop.wait_for(|s| *s).await;
         },
     ));
-    let mut cells = Vec::new();
-    for i in 0..subscribers {
-        let (tx, rx) = watch::channel(None);
-        cells.push(rx);
+    let mut held = Vec::new();
+    for i in 0..n {
+        held.push(subscribe(&url, i, serving, stop_rx.clone()));
+    }
+    let (mut bytes, mut publish, mut to_all) = (Vec::new(), Vec::new(), Vec::new());
+    for (v, model) in versions.iter().enumerate() {
+        let version = v as u64 + 1;
+        let t0 = Instant::now();
+        let p = hub.publish_as(model, config, version, mode.encoding)?;
+        let publish_s = t0.elapsed().as_secs_f64();
+        for h in &mut held {
+            h.wait_for(|&at| at >= version).await?;
+        }
+        if v > 0 {
+            publish.push(publish_s);
+            to_all.push(t0.elapsed().as_secs_f64());
+            let delta = p.links.last().filter(|l| l.from_version == version - 1);
+            bytes.push(delta.map_or(p.payload.len(), |l| l.delta.len()) as f64);
+        }
+    }
+    let _ = stop_tx.send(true);
+    hub.close();
+    let _ = server.await;
+    Ok(Row {
+        bytes: super::median(bytes),
+        publish_s: super::median(publish),
+        to_all_s: super::median(to_all),
+    })
+}
+
+/// One subscriber; its receiver holds the newest version it holds.
+fn subscribe(
+    url: &str,
+    i: usize,
+    serving: bool,
+    stop: watch::Receiver<bool>,
+) -> watch::Receiver<u64> {
+    let (at_tx, at_rx) = watch::channel(0);
+    let url = url.to_string();
+    if serving {
+        let (tx, mut rx) = watch::channel::<Option<Arc<Versioned>>>(None);
         tokio::spawn(subscription::follow(
-            url.clone(),
+            url,
             None,
             format!("bench-{i}"),
             Device::flex(),
             Precision::F32,
             tx,
-            stop_rx.clone(),
+            stop,
         ));
+        tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let v = rx.borrow_and_update().as_ref().map_or(0, |v| v.version);
+                at_tx.send_replace(v);
+            }
+        });
+    } else {
+        tokio::spawn(async move {
+            if let Err(e) = stream(url, i, at_tx).await {
+                eprintln!("bench stream subscriber {i}: {e:#}");
+            }
+        });
     }
-    // An untimed first update: connections up, buffers warm.
-    hub.publish_as(model, config, 1, encoding)?;
-    all_at(&mut cells, 1).await?;
-    let (mut total, mut encode, mut bytes) = (Vec::new(), Vec::new(), 0);
-    for v in 2..2 + updates {
-        let t0 = Instant::now();
-        let p = hub.publish_as(model, config, v, encoding)?;
-        encode.push(t0.elapsed().as_secs_f64());
-        bytes = p.payload.len();
-        all_at(&mut cells, v).await?;
-        total.push(t0.elapsed().as_secs_f64());
-    }
-    let _ = stop_tx.send(true);
-    let _ = server.await;
-    Ok((total, encode, bytes))
+    at_rx
 }
 
-pub async fn run(a: BroadcastBenchArgs) -> anyhow::Result<()> {
-    let counts: Vec<usize> = a
-        .subscribers
-        .split(',')
-        .map(|s| s.trim().parse())
-        .collect::<Result<_, _>>()?;
-    anyhow::ensure!(a.updates > 0, "--updates must be at least 1");
-    println!(
-        "bapo bench broadcast: publish -> every subscriber loaded, loopback gRPC, {} threads",
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    );
-    for name in a.configs.split(',') {
-        let config = super::model_config(name)?;
-        let model = Transformer::init(&config, &Device::flex());
-        println!(
-            "\n== {name}: {:.2} M parameters ==\n{:<8} {:>12} {:>14} {:>12} {:>14}",
-            config.num_params() as f64 / 1e6,
-            "dtype",
-            "subscribers",
-            "MB/update",
-            "encode s",
-            "to all s"
-        );
-        for encoding in [Encoding::F32, Encoding::Bf16] {
-            for &n in &counts {
-                let (total, encode, bytes) =
-                    measure(&model, &config, n, encoding, a.updates).await?;
-                println!(
-                    "{:<8} {:>12} {:>14.1} {:>12.2} {:>14.2}",
-                    encoding.name(),
-                    n,
-                    bytes as f64 / 1e6,
-                    super::median(encode),
-                    super::median(total)
-                );
+/// A bare subscriber: assembles each version, applies deltas to the
+/// payload it keeps, checks the CRC32, and reports the version.
+async fn stream(url: String, i: usize, at: watch::Sender<u64>) -> anyhow::Result<()> {
+    let mut client = WeightSourceClient::connect(url)
+        .await?
+        .max_decoding_message_size(64 << 20);
+    let request = SubscribeRequest {
+        actor_id: format!("bench-stream-{i}"),
+        takes_deltas: true,
+        ..Default::default()
+    };
+    let mut s = client.subscribe(request).await?.into_inner();
+    let mut kept: Vec<u8> = Vec::new();
+    let mut current: Option<(WeightUpdate, Vec<u8>)> = None;
+    while let Some(m) = s.message().await? {
+        match m.kind {
+            Some(Kind::Update(u)) => {
+                let cap = u.payload_len as usize;
+                current = Some((u, Vec::with_capacity(cap)));
             }
+            Some(Kind::Chunk(c)) => {
+                if let Some((_, b)) = current.as_mut() {
+                    b.extend_from_slice(&c);
+                }
+            }
+            None => continue,
+        }
+        let done = current
+            .as_ref()
+            .is_some_and(|(u, b)| b.len() as u64 == u.payload_len);
+        if !done {
+            continue;
+        }
+        let (u, payload) = current.take().expect("an update");
+        if u.delta {
+            delta::apply_in_place(&mut kept, &payload)?;
+        } else {
+            let (h, _, _) = bapo_policy::weights::WeightsHeader::read_any(&u.header)?;
+            h.verify(&payload)?;
+            kept = payload;
+        }
+        if u.deltas_after == 0 {
+            at.send_replace(u.version);
         }
     }
     Ok(())

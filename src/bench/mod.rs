@@ -31,8 +31,9 @@ pub enum BenchCommand {
     Actors(actors::ActorsBenchArgs),
     /// The buffer service over loopback gRPC, beside Redis Streams.
     Buffer(buffer::BufferBenchArgs),
-    /// One weight update from publish to every subscriber loaded, over
-    /// the real stream: 1 and 4 subscribers, f32 beside bf16.
+    /// One weight version from publish to every subscriber, over the
+    /// real stream: whole f32, whole bf16 and bf16 deltas of real steps,
+    /// 1, 4 and 16 subscribers.
     Broadcast(broadcast::BroadcastBenchArgs),
     /// Multi-turn episodes against the built-in calculator beside
     /// single-turn groups: generation tokens/s.

@@ -202,7 +202,7 @@ fn deltas(c: &ModelConfig, model: &Transformer, lr: f64, steps: usize) -> anyhow
 
 /// A batch as the learner samples it: 4 groups of 4 random 8-token
 /// responses with the policy's own log-probs, two of each group rewarded.
-fn batch(policy: &bapo_policy::Policy, seed: u32) -> Vec<bapo_learner::TrainGroup> {
+pub(crate) fn batch(policy: &bapo_policy::Policy, seed: u32) -> Vec<bapo_learner::TrainGroup> {
     use bapo_learner::rollouts::Sequence;
     let vocab = policy.config.vocab_size as u32;
     let device = policy.device();
