@@ -835,6 +835,8 @@ def check_vllm(docs: list[dict], values: dict, configmaps: dict) -> None:
         "--enable-scale-out": None,
         "--logprobs-mode": "processed_logprobs",
         "--worker-extension-cls": "bapo_vllm_ext.BapoWorker",
+        # bapo's weight-transfer engine: versions arrive as patches in place.
+        "--weight-transfer-config": '{"backend": "bapo_shm"}',
         "--dtype": values_get(values, "actor.vllm.dtype", "bfloat16"),
     }
     for k, val in want.items():

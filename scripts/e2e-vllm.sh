@@ -8,6 +8,9 @@
 #      vLLM generation tokens/s at batch 8 and 64, a weight version
 #      published mid-generation (the engine's spans), a killed server
 #      recovered; in float32, and again in bfloat16 for the mismatch;
+#      versions as patches in place through vLLM's weight-transfer API
+#      (actor/tests/vllm_transfer.rs: the built-in tiny model and the
+#      SmolLM2-135M shape with random weights, log-probs against bapo's);
 #      then LoRA (float32): adapters loaded at run time as versions, a
 #      request in flight kept on its adapter, log-probs against bapo's;
 #      and a group's episodes on the built-in calculator, members in turn
@@ -62,6 +65,11 @@ if [[ "${BAPO_E2E_SKIP_ENGINE:-0}" != 1 ]]; then
   say "engine test, LoRA adapters"
   cargo test -q --workspace --features wgpu --test vllm_engine -- \
     --ignored --nocapture serves_lora 2>&1 | tee "$OUT/engine-lora.log" | grep -E 'LoRA|test result' >&2
+  for shape in tiny "$PWD/scripts/device/configs/smollm2-135m.json"; do
+    say "weights as patches through the transfer engine, $(basename "$shape")"
+    BAPO_VLLM_TRANSFER_MODEL=$shape cargo test -q --workspace --features wgpu --test vllm_transfer -- \
+      --ignored --nocapture 2>&1 | tee -a "$OUT/transfer.log" | grep -E '^v[0-9]|up and|test result' >&2
+  done
   say "episodes on the engine, members in turn and at once"
   cargo test -q --workspace --features wgpu --test vllm_episodes -- \
     --ignored --nocapture 2>&1 | tee "$OUT/episodes.log" | grep -E 'vLLM episodes|engine up|test result' >&2

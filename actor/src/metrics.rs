@@ -29,6 +29,9 @@ pub const LEASE_WEIGHT_TIMEOUTS: &str = "bapo_actor_lease_weight_timeouts_total"
 pub const LEASES_RELEASED: &str = "bapo_actor_leases_released_total";
 pub const ENGINE_RELOAD_SECONDS: &str = "bapo_actor_engine_reload_seconds";
 pub const ENGINE_RELOAD_FAILURES: &str = "bapo_actor_engine_reload_failures_total";
+/// Patches the transfer engine refused (the version then came by reload).
+pub const ENGINE_TRANSFER_FALLBACKS: &str = "bapo_actor_engine_transfer_fallbacks_total";
+pub const ENGINE_PATCH_BYTES: &str = "bapo_actor_engine_patch_bytes_total";
 pub const ENGINE_RESTARTS: &str = "bapo_actor_engine_restarts_total";
 pub const ENGINE_DOWN_GROUPS: &str = "bapo_actor_engine_down_groups_total";
 pub const ENV_SECONDS: &str = "bapo_actor_env_seconds";
@@ -68,7 +71,16 @@ pub fn describe() {
     describe_histogram!(
         ENGINE_RELOAD_SECONDS,
         Unit::Seconds,
-        "vLLM engine: write, pause, reload, relabel and resume for one weight version"
+        "vLLM engine: one weight version from arrival to served, by path (transfer: a patch in place; reload: from a file)"
+    );
+    describe_counter!(
+        ENGINE_TRANSFER_FALLBACKS,
+        "vLLM engine: patches that failed; the version was reloaded from a file"
+    );
+    describe_counter!(
+        ENGINE_PATCH_BYTES,
+        Unit::Bytes,
+        "vLLM engine: bytes of the weight patches written for the transfer engine"
     );
     describe_counter!(
         ENGINE_RELOAD_FAILURES,

@@ -106,16 +106,30 @@ pub fn load(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
 /// adapters are merged into the weights first (see also
 /// [`crate::peft::write_dir`] for the adapters alone).
 pub fn save(policy: &Policy, dir: &Path) -> Result<(), LoadError> {
+    let path = dir.join("model.safetensors");
+    let bytes = to_safetensors(policy).map_err(|e| file_err(&path, e))?;
+    save_bytes(policy, dir, &bytes)
+}
+
+/// [`save`] of weights already exported by [`to_safetensors`].
+pub fn save_bytes(policy: &Policy, dir: &Path, safetensors: &[u8]) -> Result<(), LoadError> {
     std::fs::create_dir_all(dir).map_err(|e| file_err(dir, e))?;
     let config = policy.config.to_hf_json();
     let config_path = dir.join("config.json");
     let text = serde_json::to_string_pretty(&config).map_err(|e| file_err(&config_path, e))?;
     std::fs::write(&config_path, text).map_err(|e| file_err(&config_path, e))?;
     let path = dir.join("model.safetensors");
+    std::fs::write(&path, safetensors).map_err(|e| file_err(&path, e))
+}
+
+/// The weights as one safetensors file in transformers' names and layout
+/// (LoRA adapters merged), in memory: what [`save`] writes, and what a
+/// weight patch for an engine is diffed against ([`crate::hf_patch`]).
+pub fn to_safetensors(policy: &Policy) -> Result<Vec<u8>, String> {
     let remap =
         KeyRemapper::from_patterns(vec![("^(embed_tokens|layers|norm)(.*)$", "model.$1$2")])
-            .map_err(|e| file_err(&path, e))?;
-    let mut store = SafetensorsStore::from_file(&path)
+            .map_err(|e| e.to_string())?;
+    let mut store = SafetensorsStore::from_bytes(None)
         .with_to_adapter(BurnToPyTorchAdapter)
         .remap(remap);
     let merged;
@@ -126,5 +140,6 @@ pub fn save(policy: &Policy, dir: &Path) -> Result<(), LoadError> {
         }
         None => &policy.model,
     };
-    model.save_into(&mut store).map_err(|e| file_err(&path, e))
+    model.save_into(&mut store).map_err(|e| e.to_string())?;
+    store.get_bytes().map_err(|e| e.to_string())
 }

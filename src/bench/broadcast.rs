@@ -15,9 +15,10 @@
 //!   applies deltas and checks the CRC32, without decoding: what the
 //!   learner and the wire cost at 1, 4, 16 subscribers.
 //!
-//! The reference is the file-reload path of vLLM actors: writing the
-//! version as an HF safetensors directory (vLLM's own reload from it comes
-//! on top, docs/vllm.md).
+//! Beside them, the actor's side of the two ways into a vLLM engine: the
+//! HF safetensors directory the file reload needs (the reference), and
+//! the export and patch the weight-transfer path sends instead (vLLM's own
+//! work comes on top of both, docs/vllm.md).
 
 use std::{sync::Arc, time::Instant};
 
@@ -120,7 +121,7 @@ pub async fn run(a: BroadcastBenchArgs) -> anyhow::Result<()> {
             config.num_params() as f64 / 1e6
         );
         let versions = versions(&config, a.lr, a.updates as usize + 1)?;
-        reference(&config, &versions[0]).await?;
+        reference(&config, &versions).await?;
         println!(
             "{:<11} {:>11} {:>9} {:>12} {:>10} {:>11} {:>11}",
             "mode", "subscribers", "kind", "MB/version", "of whole", "publish s", "to all s"
@@ -181,23 +182,55 @@ fn whole_bytes(model: &Transformer, encoding: Encoding) -> anyhow::Result<usize>
     Ok(bapo_policy::weights::encode_as(model, 0, encoding)?.1.len())
 }
 
-/// The file-reload path's own share: the version written as an HF
-/// safetensors directory, as a vLLM actor writes it before each reload.
-async fn reference(config: &ModelConfig, model: &Arc<Transformer>) -> anyhow::Result<()> {
-    let policy =
-        bapo_policy::Policy::with_model(config.clone(), (**model).clone(), &Device::flex());
+/// The actor's side of the two engine paths, for one version: the file
+/// reload's HF safetensors directory (vLLM then reloads all of it), and
+/// the transfer path's export and patch against the version before
+/// (vLLM then writes only the patch in place).
+async fn reference(config: &ModelConfig, versions: &[Arc<Transformer>]) -> anyhow::Result<()> {
+    // As a vLLM actor holds them from a bf16 stream: rounded to bf16.
+    let policy = |m: &Arc<Transformer>| -> anyhow::Result<bapo_policy::Policy> {
+        let device = Device::flex();
+        let (header, payload) = bapo_policy::weights::encode_as(m, 0, Encoding::Bf16)?;
+        let fresh = Transformer::init(config, &device);
+        let model =
+            bapo_policy::weights::decode_as(&header, Encoding::Bf16, payload.to_vec(), fresh)?;
+        let model = bapo_policy::weights::for_inference(model, Precision::F32);
+        Ok(bapo_policy::Policy::with_model(
+            config.clone(),
+            model,
+            &device,
+        ))
+    };
     let dir = tempfile::tempdir()?;
-    let mut times = Vec::new();
-    for i in 0..3 {
-        let path = dir.path().join(i.to_string());
+    let (mut write, mut export, mut patch) = (Vec::new(), Vec::new(), Vec::new());
+    let mut last = None;
+    for (i, pair) in versions.windows(2).enumerate() {
+        let (old, new) = (policy(&pair[0])?, policy(&pair[1])?);
         let t = Instant::now();
-        bapo_policy::hf::save(&policy, &path)?;
-        times.push(t.elapsed().as_secs_f64());
+        bapo_policy::hf::save(&new, &dir.path().join(i.to_string()))?;
+        write.push(t.elapsed().as_secs_f64());
+        let held = bapo_policy::hf::to_safetensors(&old).map_err(anyhow::Error::msg)?;
+        let t = Instant::now();
+        let fresh = bapo_policy::hf::to_safetensors(&new).map_err(anyhow::Error::msg)?;
+        export.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let p = bapo_policy::hf_patch::diff(&held, &fresh)?;
+        patch.push(t.elapsed().as_secs_f64());
+        last = Some(p);
     }
     println!(
-        "reference: the version as an HF safetensors directory (f32), {:.3} s to write, before vLLM's reload from it",
-        super::median(times)
+        "engine, file reload: the version (bf16-rounded, f32) as an HF safetensors directory, {:.3} s to write",
+        super::median(write)
     );
+    if let Some(p) = last {
+        println!(
+            "engine, transfer: export {:.3} s + patch {:.3} s; {:.4} of the elements changed, patch {:.1} MB",
+            super::median(export),
+            super::median(patch),
+            p.changed as f64 / p.total as f64,
+            p.bytes.len() as f64 / 1e6
+        );
+    }
     Ok(())
 }
 

@@ -177,6 +177,34 @@ impl Api {
             .map(drop)
     }
 
+    /// Sets up the server's weight-transfer engine (bapo's `bapo_shm`,
+    /// `--weight-transfer-config`); refused by a server started without it
+    /// or one that cannot patch in place.
+    pub async fn init_transfer(&self, timeout: Duration) -> Result<(), ApiError> {
+        let body = json!({"init_info": {}});
+        self.post("/init_weight_transfer_engine", Some(body), timeout)
+            .await
+            .map(drop)
+    }
+
+    /// One weight update through the transfer engine: the patch file at
+    /// `path` written in place, then the tokens made from now on labelled
+    /// `label` (`/finish_weight_update` sets the version).
+    pub async fn transfer(
+        &self,
+        path: &str,
+        label: &str,
+        timeout: Duration,
+    ) -> Result<(), ApiError> {
+        self.post("/start_weight_update", None, timeout).await?;
+        let body = json!({"update_info": {"path": path}});
+        self.post("/update_weights", Some(body), timeout).await?;
+        let body = json!({"weight_version": label});
+        self.post("/finish_weight_update", Some(body), timeout)
+            .await
+            .map(drop)
+    }
+
     /// Loads the PEFT adapter directory `dir` (absolute) as `name`
     /// (`VLLM_ALLOW_RUNTIME_LORA_UPDATING` and `--enable-lora`).
     pub async fn load_lora(

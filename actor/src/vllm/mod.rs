@@ -169,6 +169,7 @@ pub fn start(
         reload_timeout: Duration::from_secs_f64(cfg.reload_timeout_s),
         lora_rank: cfg.lora_rank,
         lora: sync::LoraState::default(),
+        transfer: sync::Transfer::default(),
     };
     let loading = tokio::spawn(sync::follow(loader, weights, up_rx, ready_tx, stop));
     let background = tokio::spawn(async move {

@@ -108,6 +108,9 @@ impl Launch {
             .args(["--dtype", &c.dtype, "--enable-scale-out"])
             .args(["--logprobs-mode", "processed_logprobs"])
             .args(["--worker-extension-cls", EXTENSION_CLASS])
+            // bapo's weight-transfer engine (the extension registers it):
+            // versions arrive as patches, in place.
+            .args(["--weight-transfer-config", r#"{"backend": "bapo_shm"}"#])
             .args(lora_args(c.lora_rank))
             .args(&c.extra_args)
             .env("PYTHONPATH", &self.ext_dir)

@@ -3,6 +3,13 @@
 //! temporary directory renamed into place), then the engine pauses,
 //! reloads it, relabels the tokens it makes from then on, and resumes.
 //!
+//! Once the engine holds a whole-model version the actor exported, the
+//! next ones go through vLLM's weight-transfer API instead (bapo's
+//! `bapo_shm` engine, `actor/vllm/bapo_vllm_ext.py`): the elements that
+//! changed since (`bapo_policy::hf_patch`) as one file, written into the
+//! engine's parameters in place. The file reload stays for the first
+//! load, after a server restart, for LoRA, and whenever a patch fails.
+//!
 //! The directory holds what a load needs and no more: before a version
 //! is written, every other version of bapo's there goes (the engine keeps
 //! what it loaded in memory; under LoRA the serving adapter and the one
@@ -48,6 +55,19 @@ pub struct Loader {
     pub lora_rank: usize,
     /// Under LoRA: what the engine holds since it last came up.
     pub lora: LoraState,
+    /// The weight-transfer path: what the engine holds, as exported.
+    pub transfer: Transfer,
+}
+
+/// What the weight-transfer path knows of the engine since it came up.
+#[derive(Debug, Default)]
+pub struct Transfer {
+    /// Whether the server's `bapo_shm` engine is set up; `None` until
+    /// asked (once per server start).
+    ready: Option<bool>,
+    /// The safetensors export of the version the engine holds (the base a
+    /// patch is made against); `None` after a failure or a restart.
+    held: Option<Vec<u8>>,
 }
 
 /// The base and adapters a server holds (LoRA only).
@@ -98,6 +118,7 @@ pub async fn follow(
         if !is_up {
             loaded = None;
             loader.lora = LoraState::default();
+            loader.transfer = Transfer::default();
             let _ = ready.send(None);
         } else if let Some(v) = newest
             && loaded != Some((v.version, v.incarnation))
@@ -174,7 +195,7 @@ impl Loader {
             v.policy.model.lora.as_ref().map_or(0, |a| a.base)
         );
         weights_dir::prune(&self.weights_dir, |n| n == name);
-        let dir = self.write(&base, &name).await?;
+        let (dir, _) = self.write(&base, &name).await?;
         self.swap(&dir, UNKNOWN).await
     }
 
@@ -253,21 +274,103 @@ impl Loader {
         Ok(std::path::absolute(&dir)?)
     }
 
-    /// One whole-model version into the engine: write, pause, reload,
-    /// relabel, resume.
-    async fn load_full(&self, v: &Arc<Versioned>) -> anyhow::Result<()> {
+    /// One whole-model version into the engine: as a patch through the
+    /// transfer engine when it holds a version of ours, else write, pause,
+    /// reload, relabel, resume.
+    async fn load_full(&mut self, v: &Arc<Versioned>) -> anyhow::Result<()> {
         let t0 = Instant::now();
         let name = label(v.incarnation, v.version);
-        weights_dir::prune(&self.weights_dir, |n| n == name);
-        let dir = self.write(v, &name).await?;
-        self.swap(&dir, &name).await?;
-        histogram!(names::ENGINE_RELOAD_SECONDS).record(t0.elapsed().as_secs_f64());
+        let path = match self.patch(v, &name).await {
+            Ok(()) => "transfer",
+            Err(e) => {
+                if self.transfer.ready == Some(true) {
+                    counter!(names::ENGINE_TRANSFER_FALLBACKS).increment(1);
+                    tracing::warn!("weights {name} as a patch: {e:#}; reloading from a file");
+                }
+                self.reload_full(v, &name).await?;
+                "reload"
+            }
+        };
+        histogram!(names::ENGINE_RELOAD_SECONDS, "path" => path).record(t0.elapsed().as_secs_f64());
         tracing::info!(
             version = v.version,
             incarnation = v.incarnation,
-            "vLLM serves weights {name} ({:.2} s)",
+            "vLLM serves weights {name} by {path} ({:.2} s)",
             t0.elapsed().as_secs_f64()
         );
+        Ok(())
+    }
+
+    /// `v` into the engine from an HF directory; the export is kept for
+    /// the patches that follow.
+    async fn reload_full(&mut self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<()> {
+        self.transfer.held = None;
+        weights_dir::prune(&self.weights_dir, |n| n == name);
+        let (dir, export) = self.write(v, name).await?;
+        self.swap(&dir, name).await?;
+        self.transfer.held = Some(export);
+        Ok(())
+    }
+
+    /// `v` as the elements that changed since the version the engine
+    /// holds, through the transfer engine. Any error leaves the patch
+    /// path until the next file reload (the engine's weights are then
+    /// unknown to the actor: the reload that follows sets them).
+    async fn patch(&mut self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<()> {
+        let held = self
+            .transfer
+            .held
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("the engine holds no version exported here"))?;
+        let short = Duration::from_secs(30);
+        if self.transfer.ready.is_none() {
+            let ready = self.api.init_transfer(self.reload_timeout).await;
+            if let Err(e) = &ready {
+                tracing::info!(
+                    "no weight-transfer engine on this server ({e}); reloading from files"
+                );
+            }
+            self.transfer.ready = Some(ready.is_ok());
+        }
+        anyhow::ensure!(self.transfer.ready == Some(true), "no transfer engine");
+        let policy = v.clone();
+        let (export, patch) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+            let export =
+                bapo_policy::hf::to_safetensors(&policy.policy).map_err(anyhow::Error::msg)?;
+            let patch = bapo_policy::hf_patch::diff(&held, &export)?;
+            Ok((export, patch))
+        })
+        .await??;
+        let dir = self.weights_dir.join(format!(".tmp-{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let file = std::path::absolute(dir.join("patch.safetensors"))?;
+        std::fs::write(&file, &patch.bytes)?;
+        counter!(names::ENGINE_PATCH_BYTES).increment(patch.bytes.len() as u64);
+        let pause = match self.mode {
+            UpdateMode::Partial => Pause::Keep,
+            UpdateMode::Restart => Pause::Abort,
+        };
+        self.api.pause(pause, short).await?;
+        let applied = async {
+            self.api.set_version(UNKNOWN, short).await?;
+            let path = file.display().to_string();
+            self.api.transfer(&path, name, self.reload_timeout).await?;
+            self.api.set_version(name, short).await?;
+            self.api.reset_prefix_cache(short).await
+        }
+        .await;
+        let resumed = self.api.resume(short).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        applied?;
+        resumed?;
+        tracing::debug!(
+            "weights {name} as a patch: {} of {} elements, {} bytes",
+            patch.changed,
+            patch.total,
+            patch.bytes.len()
+        );
+        self.transfer.held = Some(export);
         Ok(())
     }
 
@@ -296,22 +399,22 @@ impl Loader {
         Ok(())
     }
 
-    /// Writes `v` to `<weights_dir>/<name>` unless it is there already.
-    async fn write(&self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<PathBuf> {
+    /// Writes `v` to `<weights_dir>/<name>` (over anything there) and
+    /// returns the directory and the safetensors export written.
+    async fn write(&self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<(PathBuf, Vec<u8>)> {
         let dir = self.weights_dir.join(name);
-        if dir.join("model.safetensors").exists() {
-            return Ok(dir);
-        }
         let tmp = self.weights_dir.join(format!(".tmp-{name}"));
         let (v, t, d) = (v.clone(), tmp.clone(), dir.clone());
-        tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let export = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<u8>> {
+            let export = bapo_policy::hf::to_safetensors(&v.policy).map_err(anyhow::Error::msg)?;
             let _ = std::fs::remove_dir_all(&t);
-            bapo_policy::hf::save(&v.policy, &t)?;
+            let _ = std::fs::remove_dir_all(&d);
+            bapo_policy::hf::save_bytes(&v.policy, &t, &export)?;
             std::fs::rename(&t, &d)?;
-            Ok(())
+            Ok(export)
         })
         .await??;
-        Ok(dir)
+        Ok((dir, export))
     }
 }
 
@@ -397,6 +500,7 @@ mod tests {
             reload_timeout: Duration::from_secs(1),
             lora_rank: 0,
             lora: LoraState::default(),
+            transfer: Transfer::default(),
         }
     }
 
@@ -405,7 +509,7 @@ mod tests {
     #[tokio::test]
     async fn failing_reloads_do_not_pile_up_copies() {
         let dir = tempfile::tempdir().unwrap();
-        let loader = unanswered(dir.path());
+        let mut loader = unanswered(dir.path());
         for v in 1..=4 {
             assert!(loader.load_full(&version(v)).await.is_err());
             assert_eq!(versions_in(dir.path()), [label(1, v)], "after v{v}");

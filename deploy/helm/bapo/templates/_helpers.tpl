@@ -485,7 +485,7 @@ bapo
 {{/* The server's command line: (the chart's flags, LoRA's when config.learner.lora is set, then actor.vllm.extraArgs). */}}
 {{- define "bapo.vllm.args" -}}
 {{- $v := .Values.actor.vllm -}}
-{{- $args := list "--model" .Values.model.hfDir "--served-model-name" (include "bapo.vllm.servedModelName" .) "--host" "127.0.0.1" "--port" (toString (int $v.port)) "--tensor-parallel-size" (toString (int .Values.actor.gpus)) "--enable-scale-out" "--logprobs-mode" "processed_logprobs" "--worker-extension-cls" "bapo_vllm_ext.BapoWorker" "--dtype" $v.dtype -}}
+{{- $args := list "--model" .Values.model.hfDir "--served-model-name" (include "bapo.vllm.servedModelName" .) "--host" "127.0.0.1" "--port" (toString (int $v.port)) "--tensor-parallel-size" (toString (int .Values.actor.gpus)) "--enable-scale-out" "--logprobs-mode" "processed_logprobs" "--worker-extension-cls" "bapo_vllm_ext.BapoWorker" "--weight-transfer-config" "{\"backend\": \"bapo_shm\"}" "--dtype" $v.dtype -}}
 {{- $rank := int (include "bapo.lora.rank" .) -}}
 {{- if gt $rank 0 -}}
 {{- $args = concat $args (list "--enable-lora" "--max-lora-rank" (include "bapo.vllm.maxLoraRank" $rank) "--max-loras" "2" "--max-cpu-loras" "3") -}}
@@ -557,7 +557,7 @@ actor Deployment.
 {{- end -}}
 {{- range $f := default list $v.extraArgs -}}
 {{- $name := regexReplaceAll "=.*$" (toString $f) "" -}}
-{{- if has $name (list "--model" "--served-model-name" "--host" "--port" "--tensor-parallel-size" "-tp" "--enable-scale-out" "--logprobs-mode" "--worker-extension-cls" "--dtype" "--uds" "--enable-lora" "--max-lora-rank" "--max-loras" "--max-cpu-loras") -}}
+{{- if has $name (list "--model" "--served-model-name" "--host" "--port" "--tensor-parallel-size" "-tp" "--enable-scale-out" "--logprobs-mode" "--worker-extension-cls" "--weight-transfer-config" "--dtype" "--uds" "--enable-lora" "--max-lora-rank" "--max-loras" "--max-cpu-loras") -}}
 {{- fail (printf "actor.vllm.extraArgs: %s is set by the chart (model.hfDir, actor.gpus, actor.vllm.port, actor.vllm.dtype, config.learner.lora, or fixed for bapo's extension)" $name) -}}
 {{- end -}}
 {{- end -}}
