@@ -72,17 +72,21 @@ pub fn diff(old: &[u8], new: &[u8]) -> Result<Patch, PatchError> {
 }
 
 /// Flat indices (little-endian i64 bytes) and new values of the elements
-/// of `word` bytes whose bits differ.
+/// of `word` bytes whose bits differ. Equal blocks are skipped whole (a
+/// vectorised compare): after a small step most elements are unchanged.
 fn changed_elements(old: &[u8], new: &[u8], word: usize) -> (Vec<u8>, Vec<u8>) {
+    const BLOCK: usize = 64;
     let (mut idx, mut val) = (Vec::new(), Vec::new());
-    for (i, (o, n)) in old
-        .chunks_exact(word)
-        .zip(new.chunks_exact(word))
-        .enumerate()
-    {
-        if o != n {
-            idx.extend_from_slice(&(i as i64).to_le_bytes());
-            val.extend_from_slice(n);
+    for (b, (ob, nb)) in old.chunks(BLOCK).zip(new.chunks(BLOCK)).enumerate() {
+        if ob == nb {
+            continue;
+        }
+        let first = b * BLOCK / word;
+        for (i, (o, n)) in ob.chunks_exact(word).zip(nb.chunks_exact(word)).enumerate() {
+            if o != n {
+                idx.extend_from_slice(&((first + i) as i64).to_le_bytes());
+                val.extend_from_slice(n);
+            }
         }
     }
     (idx, val)
@@ -148,6 +152,20 @@ mod tests {
         assert_eq!(t.tensor("a@val").unwrap().data(), 2.5f32.to_le_bytes());
         let (_, meta) = SafeTensors::read_metadata(&p.bytes).unwrap();
         assert_eq!(meta.metadata().as_ref().unwrap()["shape:a"], "3");
+    }
+
+    #[test]
+    fn changes_past_the_first_block_keep_their_index() {
+        let old: Vec<f32> = (0..40).map(|i| i as f32).collect();
+        let mut new = old.clone();
+        new[33] = -1.0;
+        new[39] = -2.0;
+        let p = diff(&export(&[("w", old)]), &export(&[("w", new)])).unwrap();
+        let t = SafeTensors::deserialize(&p.bytes).unwrap();
+        let idx: Vec<u8> = [33i64, 39].iter().flat_map(|i| i.to_le_bytes()).collect();
+        assert_eq!(t.tensor("w@idx").unwrap().data(), &idx[..]);
+        let val: Vec<u8> = [-1f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(t.tensor("w@val").unwrap().data(), &val[..]);
     }
 
     #[test]

@@ -82,8 +82,9 @@ impl Mode {
 
 /// What one setting measured: medians over the timed versions.
 struct Row {
-    /// Payload bytes sent per subscriber per version.
+    /// Payload bytes sent per subscriber per version, and of a whole one.
     bytes: f64,
+    whole: f64,
     /// The learner's publish: encode, CRC32 and (with deltas) the diff.
     publish_s: f64,
     /// From publish to every subscriber holding the version.
@@ -121,13 +122,14 @@ pub async fn run(a: BroadcastBenchArgs) -> anyhow::Result<()> {
             config.num_params() as f64 / 1e6
         );
         let versions = versions(&config, a.lr, a.updates as usize + 1)?;
-        reference(&config, &versions).await?;
+        if a.lr > 0.0 {
+            reference(&config, &versions).await?;
+        }
         println!(
             "{:<11} {:>11} {:>9} {:>12} {:>10} {:>11} {:>11}",
             "mode", "subscribers", "kind", "MB/version", "of whole", "publish s", "to all s"
         );
         for &mode in &modes {
-            let whole = whole_bytes(&versions[0], mode.encoding)?;
             for &n in &counts {
                 let mut kinds = vec![("stream", false)];
                 if n <= a.serving_max {
@@ -141,7 +143,7 @@ pub async fn run(a: BroadcastBenchArgs) -> anyhow::Result<()> {
                         n,
                         kind,
                         r.bytes / 1e6,
-                        r.bytes / whole as f64,
+                        r.bytes / r.whole,
                         r.publish_s,
                         r.to_all_s
                     );
@@ -176,10 +178,6 @@ fn versions(config: &ModelConfig, lr: f64, n: usize) -> anyhow::Result<Vec<Arc<T
         out.push(Arc::new(trainer.model().clone()));
     }
     Ok(out)
-}
-
-fn whole_bytes(model: &Transformer, encoding: Encoding) -> anyhow::Result<usize> {
-    Ok(bapo_policy::weights::encode_as(model, 0, encoding)?.1.len())
 }
 
 /// The actor's side of the two engine paths, for one version: the file
@@ -260,11 +258,13 @@ async fn measure(
         held.push(subscribe(&url, i, serving, stop_rx.clone()));
     }
     let (mut bytes, mut publish, mut to_all) = (Vec::new(), Vec::new(), Vec::new());
+    let mut whole = 0.0;
     for (v, model) in versions.iter().enumerate() {
         let version = v as u64 + 1;
         let t0 = Instant::now();
         let p = hub.publish_as(model, config, version, mode.encoding)?;
         let publish_s = t0.elapsed().as_secs_f64();
+        whole = p.payload.len() as f64;
         for h in &mut held {
             h.wait_for(|&at| at >= version).await?;
         }
@@ -280,6 +280,7 @@ async fn measure(
     let _ = server.await;
     Ok(Row {
         bytes: super::median(bytes),
+        whole,
         publish_s: super::median(publish),
         to_all_s: super::median(to_all),
     })
@@ -338,6 +339,10 @@ async fn stream(url: String, i: usize, at: watch::Sender<u64>) -> anyhow::Result
     while let Some(m) = s.message().await? {
         match m.kind {
             Some(Kind::Update(u)) => {
+                if !u.delta {
+                    // A whole version replaces what is kept: do not hold both.
+                    kept = Vec::new();
+                }
                 let cap = u.payload_len as usize;
                 current = Some((u, Vec::with_capacity(cap)));
             }
