@@ -7,9 +7,9 @@
 
 mod common;
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use bapo_actor::subscription::{self, Assembly, TransferError};
+use bapo_actor::subscription::{Assembly, TransferError};
 use bapo_learner::{LearnerConfig, broadcast::WeightHub, checkpoint};
 use bapo_policy::{
     Policy,
@@ -21,9 +21,8 @@ use bapo_policy::{
     weights::{Encoding, WeightsHeader},
 };
 use bapo_proto::v1::{StatsRequest, WeightUpdate};
-use common::{Loop, actor_config, tiny, weight_server};
+use common::{Loop, actor_config, follow, tiny, version, weight_server};
 use half::bf16;
-use tokio::sync::watch;
 
 /// Every float parameter: path, dtype, values as f32.
 #[derive(Default)]
@@ -81,33 +80,6 @@ fn logits(p: &Policy) -> Vec<f32> {
 }
 
 /// An actor's weight subscription to `url`; the cell it fills.
-fn follow(url: String) -> (subscription::PolicyCell, watch::Sender<bool>) {
-    let (cell_tx, cell_rx) = watch::channel(None);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(subscription::follow(
-        url,
-        None,
-        "bf16-actor".into(),
-        Device::flex(),
-        Default::default(),
-        cell_tx,
-        stop_rx,
-    ));
-    (cell_rx, stop_tx)
-}
-
-async fn version(cell: &mut subscription::PolicyCell, v: u64) -> Arc<subscription::Versioned> {
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        cell.wait_for(|c| c.as_ref().is_some_and(|c| c.version == v)),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("version {v} reached the actor"))
-    .unwrap()
-    .clone()
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_actor_applies_bf16_weights_as_the_learner_rounded_them() {
     let hub = WeightHub::new();
@@ -131,7 +103,7 @@ async fn the_actor_applies_bf16_weights_as_the_learner_rounded_them() {
     );
 
     let (url, _stop_server) = weight_server(hub.clone()).await;
-    let (mut cell, _stop) = follow(url);
+    let (mut cell, _stop) = follow(url, "bf16-actor");
     let got = version(&mut cell, 1).await;
     assert_rounded_copy(&got.policy, &first);
     // The learner's master weights stay f32 and unrounded.
@@ -242,7 +214,7 @@ async fn a_learner_broadcasting_bf16_trains_and_its_actor_follows() {
         .unwrap()
         .unwrap();
     let (saved, _) = checkpoint::load_policy(&ckpt, &Device::flex()).unwrap();
-    let (mut cell, _stop) = follow(learner_url);
+    let (mut cell, _stop) = follow(learner_url, "bf16-actor");
     let got = version(&mut cell, 2).await;
     assert_rounded_copy(&got.policy, &saved);
 }

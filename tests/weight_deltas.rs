@@ -12,11 +12,10 @@ mod common;
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex, OnceLock},
-    time::Duration,
+    sync::{Mutex, OnceLock},
 };
 
-use bapo_actor::subscription::{self, Assembly, Versioned};
+use bapo_actor::subscription::Assembly;
 use bapo_learner::{
     broadcast::{Published, WeightHub},
     server::{self, Faults},
@@ -32,9 +31,8 @@ use bapo_policy::{
     weights::Encoding,
 };
 use bapo_proto::v1::WeightUpdate;
-use common::{tiny, weight_server};
+use common::{follow, tiny, version, weight_server};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use tokio::sync::watch;
 
 /// Counters of the whole binary so far, by name and labels. (A snapshot
 /// drains the recorder's counters, so they are summed here.)
@@ -128,33 +126,6 @@ fn decoded(p: &Published) -> Policy {
     loaded.policy().unwrap().policy
 }
 
-fn follow(url: String) -> (subscription::PolicyCell, watch::Sender<bool>) {
-    let (cell_tx, cell_rx) = watch::channel(None);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(subscription::follow(
-        url,
-        None,
-        "delta-actor".into(),
-        Device::flex(),
-        Default::default(),
-        cell_tx,
-        stop_rx,
-    ));
-    (cell_rx, stop_tx)
-}
-
-async fn version(cell: &mut subscription::PolicyCell, v: u64) -> Arc<Versioned> {
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        cell.wait_for(|c| c.as_ref().is_some_and(|c| c.version == v)),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("version {v} reached the actor"))
-    .unwrap()
-    .clone()
-    .unwrap()
-}
-
 fn count(name: &str, label: &str) -> u64 {
     counters()
         .get(&format!("{name}[\"{label}\"]"))
@@ -170,7 +141,7 @@ async fn deltas_bring_an_actor_to_exactly_the_learners_weights() {
         .publish_as(&model.model, &model.config, 1, Encoding::Bf16)
         .unwrap();
     let (url, _server) = weight_server(hub.clone()).await;
-    let (mut cell, _stop) = follow(url);
+    let (mut cell, _stop) = follow(url, "delta-actor");
     let got = version(&mut cell, 1).await;
     assert_eq!(bits(&got.policy), bits(&decoded(&first)));
 
@@ -197,7 +168,7 @@ async fn deltas_bring_an_actor_to_exactly_the_learners_weights() {
     // A subscriber that joins late holds nothing: it gets v4 whole, then
     // v5 as a delta, on the same weights as the first.
     let (url2, _server2) = weight_server(hub.clone()).await;
-    let (mut late, _stop2) = follow(url2);
+    let (mut late, _stop2) = follow(url2, "delta-actor-late");
     version(&mut late, 4).await;
     model.model = nudged(model.model, 5);
     let p = hub
@@ -227,7 +198,7 @@ async fn a_dropped_delta_is_refused_and_the_newest_comes_whole() {
             let _ = stop.await;
         },
     ));
-    let (mut cell, _stop) = follow(url);
+    let (mut cell, _stop) = follow(url, "delta-actor");
     version(&mut cell, 11).await;
     let refused_before = count("bapo_actor_weight_deltas_refused_total", "base");
     let mut last = None;

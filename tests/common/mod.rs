@@ -357,3 +357,42 @@ pub fn scrape(url: &str) -> Option<String> {
 pub fn read_json(path: &std::path::Path) -> Option<serde_json::Value> {
     serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
 }
+
+/// Follows the weight stream at `url` as actor `id` (plaintext, on the
+/// CPU); the cell it fills, and the sender that stops it.
+pub fn follow(
+    url: String,
+    id: &str,
+) -> (
+    bapo_actor::subscription::PolicyCell,
+    tokio::sync::watch::Sender<bool>,
+) {
+    let (cell_tx, cell_rx) = tokio::sync::watch::channel(None);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(bapo_actor::subscription::follow(
+        url,
+        None,
+        id.into(),
+        bapo_policy::burn::prelude::Device::flex(),
+        Default::default(),
+        cell_tx,
+        stop_rx,
+    ));
+    (cell_rx, stop_tx)
+}
+
+/// Waits (30 s at most) until `cell` holds version `v`, and returns it.
+pub async fn version(
+    cell: &mut bapo_actor::subscription::PolicyCell,
+    v: u64,
+) -> std::sync::Arc<bapo_actor::subscription::Versioned> {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        cell.wait_for(|c| c.as_ref().is_some_and(|c| c.version == v)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("version {v} reached the actor"))
+    .unwrap()
+    .clone()
+    .unwrap()
+}

@@ -9,7 +9,7 @@ use bapo_policy::{
 };
 use bapo_proto::v1::WeightUpdate;
 
-use super::{Versioned, deltas::Kept};
+use super::Versioned;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransferError {
@@ -44,21 +44,6 @@ impl Assembly {
             update,
             payload: Vec::with_capacity(cap),
         }
-    }
-
-    /// The whole model's bytes as they came, kept for the deltas that
-    /// follow (a copy: loading consumes the payload); `None` for a LoRA
-    /// base or adapters, which never travel as deltas. The CRC32 is the
-    /// header's: [`finish`](Self::finish) checks the bytes against it, and
-    /// nothing is kept when that fails.
-    pub(super) fn keepable(&self) -> Option<Kept> {
-        let (h, _, payload) = WeightsHeader::read_any(&self.update.header).ok()?;
-        (payload == Payload::Model && !self.update.base).then(|| Kept {
-            version: self.update.version,
-            incarnation: self.update.incarnation,
-            crc: h.crc32,
-            bytes: self.payload.clone(),
-        })
     }
 
     /// The update this assembles.

@@ -11,7 +11,10 @@
 //! reconnects asking for the newest version whole, serving the version it
 //! had until then.
 
-use bapo_policy::delta::{self, DeltaHeader};
+use bapo_policy::{
+    delta::{self, DeltaHeader},
+    weights::{Payload, WeightsHeader},
+};
 use bapo_proto::v1::WeightUpdate;
 
 use super::{TransferError, assembly::Assembly};
@@ -24,6 +27,21 @@ pub struct Kept {
     pub incarnation: u64,
     pub crc: u32,
     pub bytes: Vec<u8>,
+}
+
+/// The whole model's bytes of `a` as they came, kept for the deltas that
+/// follow (a copy: loading consumes the payload); `None` for a LoRA base
+/// or adapters, which never travel as deltas. The CRC32 is the header's:
+/// loading checks the bytes against it, and nothing is kept when that
+/// fails.
+pub fn keepable(a: &Assembly) -> Option<Kept> {
+    let (h, _, payload) = WeightsHeader::read_any(&a.update.header).ok()?;
+    (payload == Payload::Model && !a.update.base).then(|| Kept {
+        version: a.update.version,
+        incarnation: a.update.incarnation,
+        crc: h.crc32,
+        bytes: a.payload.clone(),
+    })
 }
 
 /// What a delta update made of the kept payload.

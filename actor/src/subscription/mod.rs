@@ -206,7 +206,7 @@ async fn load(
             (None, assembly)
         };
         // A whole model's bytes as they came, for the next delta.
-        let keep = kept.or_else(|| assembly.keepable());
+        let keep = kept.or_else(|| deltas::keepable(&assembly));
         let loaded = assembly.finish(&device, precision, base.as_ref())?;
         Ok((keep, Some(loaded)))
     };

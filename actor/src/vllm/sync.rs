@@ -59,6 +59,14 @@ pub struct Loader {
     pub transfer: Transfer,
 }
 
+/// How a version's weights get into the engine.
+enum Load<'a> {
+    /// Reloaded whole from an HF directory.
+    Reload(&'a Path),
+    /// Written in place from a patch file, by the transfer engine.
+    Patch(&'a Path),
+}
+
 /// What the weight-transfer path knows of the engine since it came up.
 #[derive(Debug, Default)]
 pub struct Transfer {
@@ -196,7 +204,7 @@ impl Loader {
         );
         weights_dir::prune(&self.weights_dir, |n| n == name);
         let (dir, _) = self.write(&base, &name).await?;
-        self.swap(&dir, UNKNOWN).await
+        self.swap(Load::Reload(&dir), UNKNOWN).await
     }
 
     /// A LoRA version: its adapter written in PEFT's format and loaded
@@ -307,7 +315,7 @@ impl Loader {
         self.transfer.held = None;
         weights_dir::prune(&self.weights_dir, |n| n == name);
         let (dir, export) = self.write(v, name).await?;
-        self.swap(&dir, name).await?;
+        self.swap(Load::Reload(&dir), name).await?;
         self.transfer.held = Some(export);
         Ok(())
     }
@@ -322,7 +330,6 @@ impl Loader {
             .held
             .take()
             .ok_or_else(|| anyhow::anyhow!("the engine holds no version exported here"))?;
-        let short = Duration::from_secs(30);
         if self.transfer.ready.is_none() {
             let ready = self.api.init_transfer(self.reload_timeout).await;
             if let Err(e) = &ready {
@@ -347,23 +354,9 @@ impl Loader {
         let file = std::path::absolute(dir.join("patch.safetensors"))?;
         std::fs::write(&file, &patch.bytes)?;
         counter!(names::ENGINE_PATCH_BYTES).increment(patch.bytes.len() as u64);
-        let pause = match self.mode {
-            UpdateMode::Partial => Pause::Keep,
-            UpdateMode::Restart => Pause::Abort,
-        };
-        self.api.pause(pause, short).await?;
-        let applied = async {
-            self.api.set_version(UNKNOWN, short).await?;
-            let path = file.display().to_string();
-            self.api.transfer(&path, name, self.reload_timeout).await?;
-            self.api.set_version(name, short).await?;
-            self.api.reset_prefix_cache(short).await
-        }
-        .await;
-        let resumed = self.api.resume(short).await;
+        let applied = self.swap(Load::Patch(&file), name).await;
         let _ = std::fs::remove_dir_all(&dir);
         applied?;
-        resumed?;
         tracing::debug!(
             "weights {name} as a patch: {} of {} elements, {} bytes",
             patch.changed,
@@ -374,8 +367,8 @@ impl Loader {
         Ok(())
     }
 
-    /// Pause, reload `dir` in place, label what follows `name`, resume.
-    async fn swap(&self, dir: &Path, name: &str) -> anyhow::Result<()> {
+    /// Pause, load in place, label what follows `name`, resume.
+    async fn swap(&self, load: Load<'_>, name: &str) -> anyhow::Result<()> {
         let short = Duration::from_secs(30);
         let pause = match self.mode {
             UpdateMode::Partial => Pause::Keep,
@@ -384,9 +377,16 @@ impl Loader {
         self.api.pause(pause, short).await?;
         let swapped = async {
             self.api.set_version(UNKNOWN, short).await?;
-            self.api
-                .reload(&dir.display().to_string(), self.reload_timeout)
-                .await?;
+            match load {
+                Load::Reload(dir) => {
+                    let dir = dir.display().to_string();
+                    self.api.reload(&dir, self.reload_timeout).await?
+                }
+                Load::Patch(file) => {
+                    let file = file.display().to_string();
+                    self.api.transfer(&file, name, self.reload_timeout).await?
+                }
+            }
             self.api.set_version(name, short).await?;
             self.api.reset_prefix_cache(short).await
         }

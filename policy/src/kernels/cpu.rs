@@ -520,6 +520,16 @@ fn attention_forward(
     (tensor(out, [b, t, h, d]), tensor(lse, [b, h, t]))
 }
 
+/// `s (m×n) = scale · A Bᵀ` for one block: `A` its `m` rows (queries, or
+/// the output's gradient), `B` the `n` key-side rows (keys, or values).
+///
+/// # Safety
+/// `a` and `b` must be valid for `m` and `n` rows of `d` elements.
+unsafe fn scores(s: &mut [f32], (m, n, d): (usize, usize, usize), a: Mat, b: Mat, scale: f32) {
+    // SAFETY: the caller's contract; `s` holds m·n elements.
+    unsafe { mm(m, n, d, s.as_mut_ptr(), n as isize, false, a, b.t(), scale) }
+}
+
 /// One block of `m` query rows of one head, the first at absolute
 /// position `first`: its scores against the keys it sees, the causal
 /// softmax (and each row's log-sum-exp), and P·V into its output rows.
@@ -556,17 +566,7 @@ unsafe fn forward_block(
         let v_mat = Mat::rows(&vs[kv_off..], kv_rs);
         let q_mat = Mat::rows(&qs[row0..], q_rs);
         let s = &mut scratch[..m * n];
-        mm(
-            m,
-            n,
-            d,
-            s.as_mut_ptr(),
-            n as isize,
-            false,
-            q_mat,
-            k_mat.t(),
-            scale,
-        );
+        scores(s, (m, n, d), q_mat, k_mat, scale);
         causal_softmax_rows(s, n, first, lse_rows);
         let p = Mat::rows(s, n as isize);
         mm(m, d, n, out_p.at(row0), q_rs, false, p, v_mat, 1.0);
@@ -718,28 +718,8 @@ unsafe fn backward_block(
     let (s, dp) = (&mut w.s[..m * n], &mut w.dp[..m * n]);
     // SAFETY: the caller's contract.
     unsafe {
-        mm(
-            m,
-            n,
-            d,
-            s.as_mut_ptr(),
-            n as isize,
-            false,
-            q_mat,
-            k_mat.t(),
-            scale,
-        );
-        mm(
-            m,
-            n,
-            d,
-            dp.as_mut_ptr(),
-            n as isize,
-            false,
-            do_mat,
-            v_mat.t(),
-            1.0,
-        );
+        scores(s, (m, n, d), q_mat, k_mat, scale);
+        scores(dp, (m, n, d), do_mat, v_mat, 1.0);
         attention_grad_rows(s, dp, n, r0, &x.lse[lse_at..lse_at + m], &w.delta[..m]);
         let p = Mat::rows(s, n as isize);
         let ds = Mat::rows(dp, n as isize);
