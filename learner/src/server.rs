@@ -125,9 +125,11 @@ impl Held {
 }
 
 /// The delta links that bring a subscriber holding `held` to `p`, or
-/// `None` when it is sent `p` whole.
-fn links_for(held: Option<Held>, p: &Published) -> Option<&[Arc<Link>]> {
-    let h = held.filter(|h| h.incarnation == p.incarnation && h.crc != 0)?;
+/// `None` when it is sent `p` whole: it does not take deltas, holds
+/// nothing, holds weights of another incarnation, or bytes the chain was
+/// not made from.
+fn links_for(held: Option<Held>, takes_deltas: bool, p: &Published) -> Option<&[Arc<Link>]> {
+    let h = held.filter(|h| takes_deltas && h.incarnation == p.incarnation && h.crc != 0)?;
     delta_chain::route(&p.links, h.version, h.crc)
 }
 
@@ -177,7 +179,7 @@ impl WeightSource for WeightSourceService {
                         }
                         held_base = base.fingerprint;
                     }
-                    let links = links_for(held, &p).filter(|_| takes_deltas);
+                    let links = links_for(held, takes_deltas, &p);
                     let sent = match links {
                         Some(links) => send_links(&tx, links, &p, &faults).await,
                         None => send(&tx, &p, p.version).await,
@@ -336,6 +338,53 @@ mod tests {
             crc: 0,
             links: Arc::new([]),
         }
+    }
+
+    #[test]
+    fn deltas_go_only_to_subscribers_holding_the_bytes_the_chain_starts_from() {
+        let link = |from: u64| {
+            Arc::new(Link {
+                from_version: from,
+                from_crc: 100 + from as u32,
+                version: from + 1,
+                header: Bytes::new(),
+                delta: Bytes::from_static(b"d"),
+            })
+        };
+        let p = Published {
+            links: vec![link(1), link(2)].into(),
+            ..published(3, 7)
+        };
+        let held = |version, incarnation, crc| {
+            Some(Held {
+                version,
+                incarnation,
+                crc,
+            })
+        };
+        let route = |h, takes| links_for(h, takes, &p).map(<[_]>::len);
+        assert_eq!(route(held(1, 7, 101), true), Some(2));
+        assert_eq!(route(held(2, 7, 102), true), Some(1));
+        // Whole: no deltas taken, other bytes, another incarnation, none held.
+        assert_eq!(route(held(2, 7, 102), false), None);
+        assert_eq!(route(held(2, 7, 999), true), None);
+        assert_eq!(route(held(2, 8, 102), true), None);
+        assert_eq!(route(held(2, 7, 0), true), None);
+        assert_eq!(route(None, true), None);
+    }
+
+    #[test]
+    fn the_fault_hook_names_versions() {
+        let f = Faults::drop_deltas(vec![3, 5]);
+        let l = |version| Link {
+            from_version: version - 1,
+            from_crc: 0,
+            version,
+            header: Bytes::new(),
+            delta: Bytes::new(),
+        };
+        assert!(f.drops(&l(3)) && f.drops(&l(5)) && !f.drops(&l(4)));
+        assert!(!Faults::default().drops(&l(3)));
     }
 
     #[test]
