@@ -167,14 +167,21 @@ impl WeightHub {
     }
 
     /// Adds the delta from the newest version to `p` to the chain and
-    /// returns the chain ending at `p`: empty when deltas are off, when
-    /// there is no whole-model version before it in the same encoding,
-    /// or when the delta is no smaller than `p` itself.
+    /// returns the chain ending at `p`: empty when deltas are off, for f32
+    /// payloads, when there is no whole-model version before it in the
+    /// same encoding, or when the delta is no smaller than `p` itself.
     fn chained(&self, p: &Published) -> Arc<[Arc<Link>]> {
         let Some(chain) = &self.chain else {
             return Arc::new([]);
         };
         let mut chain = chain.lock().expect("delta chain lock");
+        if p.encoding == Encoding::F32 {
+            // AdamW moves every f32 weight each step: an f32 delta is
+            // 1.25x the payload (docs/notes/2026-11-28-weight-deltas.md),
+            // so the diff pass would be spent for nothing.
+            chain.clear();
+            return chain.links();
+        }
         let prev = self
             .latest()
             .filter(|q| q.fingerprint == 0 && q.encoding == p.encoding && q.version < p.version);

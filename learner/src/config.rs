@@ -169,8 +169,9 @@ pub struct LearnerConfig {
     /// already accounts for the rounding as a little more off-policyness
     /// (see `bapo_policy::weights::Encoding::Bf16`).
     pub broadcast_dtype: String,
-    /// Send a version to an actor that holds a recent one as the words
-    /// that changed (a delta checked by CRC32) instead of whole; actors
+    /// Under bf16 broadcasts, send a version to an actor that holds a
+    /// recent one as the words that changed (a delta checked by CRC32)
+    /// instead of whole (f32 words all change each step); actors
     /// joining, behind by more than a model's worth of deltas, or whose
     /// delta failed get it whole. Costs the learner one diff pass per
     /// publish, and each actor a copy of the payload it serves.

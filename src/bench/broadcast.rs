@@ -48,7 +48,8 @@ pub struct BroadcastBenchArgs {
     /// weights every version).
     #[arg(long, default_value_t = 1e-6)]
     pub lr: f64,
-    /// How the versions travel: any of f32, bf16, bf16-delta, f32-delta.
+    /// How the versions travel: any of f32, bf16, bf16-delta (f32
+    /// versions never travel as deltas: AdamW changes every f32 word).
     #[arg(long, default_value = "f32,bf16,bf16-delta")]
     pub modes: String,
     /// The most subscribers that load each version into a model.
@@ -70,7 +71,7 @@ impl Mode {
             None => (s.trim(), false),
         };
         let encoding = Encoding::from_name(dtype)
-            .ok_or_else(|| anyhow::anyhow!("--modes: {s:?} (f32, bf16, bf16-delta, f32-delta)"))?;
+            .ok_or_else(|| anyhow::anyhow!("--modes: {s:?} (f32, bf16, bf16-delta)"))?;
         Ok(Self { encoding, deltas })
     }
 
