@@ -289,7 +289,11 @@ impl Loader {
         let t0 = Instant::now();
         let name = label(v.incarnation, v.version);
         let path = match self.patch(v, &name).await {
-            Ok(()) => "transfer",
+            Ok(true) => "transfer",
+            Ok(false) => {
+                self.reload_full(v, &name).await?;
+                "reload"
+            }
             Err(e) => {
                 if self.transfer.ready == Some(true) {
                     counter!(names::ENGINE_TRANSFER_FALLBACKS).increment(1);
@@ -321,15 +325,15 @@ impl Loader {
     }
 
     /// `v` as the elements that changed since the version the engine
-    /// holds, through the transfer engine. Any error leaves the patch
-    /// path until the next file reload (the engine's weights are then
-    /// unknown to the actor: the reload that follows sets them).
-    async fn patch(&mut self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<()> {
-        let held = self
-            .transfer
-            .held
-            .take()
-            .ok_or_else(|| anyhow::anyhow!("the engine holds no version exported here"))?;
+    /// holds, through the transfer engine; `false` when a patch would not
+    /// pay (no engine, nothing held, or most elements changed: f32
+    /// broadcasts under AdamW) and the file reload is the way. Any error
+    /// leaves the patch path until the next file reload (the engine's
+    /// weights are then unknown to the actor: the reload sets them).
+    async fn patch(&mut self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<bool> {
+        let Some(held) = self.transfer.held.take() else {
+            return Ok(false);
+        };
         if self.transfer.ready.is_none() {
             let ready = self.api.init_transfer(self.reload_timeout).await;
             if let Err(e) = &ready {
@@ -339,7 +343,9 @@ impl Loader {
             }
             self.transfer.ready = Some(ready.is_ok());
         }
-        anyhow::ensure!(self.transfer.ready == Some(true), "no transfer engine");
+        if self.transfer.ready != Some(true) {
+            return Ok(false);
+        }
         let policy = v.clone();
         let (export, patch) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
             let export =
@@ -348,6 +354,10 @@ impl Loader {
             Ok((export, patch))
         })
         .await??;
+        if patch.bytes.len() >= export.len() {
+            // Indices and values of most elements: larger than the weights.
+            return Ok(false);
+        }
         let dir = self.weights_dir.join(format!(".tmp-{name}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
@@ -364,7 +374,7 @@ impl Loader {
             patch.bytes.len()
         );
         self.transfer.held = Some(export);
-        Ok(())
+        Ok(true)
     }
 
     /// Pause, load in place, label what follows `name`, resume.
