@@ -4,6 +4,8 @@
 //! fails, hangs, or the server's model is not the learner's. What must
 //! hold each time: no version is served (the slots wait) and the engine's
 //! label is `unknown` until a reload succeeded, and the engine is resumed.
+//! Later versions go as patches through the weight-transfer routes; a
+//! server without them, or a patch it refuses, gets a file reload.
 
 use std::{
     sync::{Arc, Mutex},
@@ -30,8 +32,19 @@ enum Reload {
     Hangs,
 }
 
+/// How the fake answers the weight-transfer routes.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Transfer {
+    Works,
+    /// `/update_weights` answers 500.
+    Fails,
+    /// No transfer engine: `/init_weight_transfer_engine` answers 404.
+    Absent,
+}
+
 struct Fake {
     reload: Reload,
+    transfer: Transfer,
     vocab: usize,
     /// Every request's method, route and body, in order.
     calls: Mutex<Vec<String>>,
@@ -48,6 +61,12 @@ impl Fake {
                     self.vocab
                 );
                 (200, serde_json::json!({"results": [d]}).to_string())
+            }
+            "/init_weight_transfer_engine" if self.transfer == Transfer::Absent => {
+                (404, r#"{"detail": "Not Found"}"#.into())
+            }
+            "/update_weights" if self.transfer == Transfer::Fails => {
+                (500, r#"{"error": {"message": "bapo_shm: refused"}}"#.into())
             }
             "/collective_rpc" => match self.reload {
                 Reload::Works | Reload::Hangs => (200, r#"{"results": ["reloaded"]}"#.into()),
@@ -134,8 +153,13 @@ struct Setup {
 /// Starts the engine side against a fake answering reloads with `reload`
 /// and describing a vocabulary of `vocab`; publishes v7 of incarnation 3.
 async fn start(reload: Reload, vocab: usize) -> Setup {
+    start_with(reload, Transfer::Works, vocab).await
+}
+
+async fn start_with(reload: Reload, transfer: Transfer, vocab: usize) -> Setup {
     let fake = Arc::new(Fake {
         reload,
+        transfer,
         vocab,
         calls: Mutex::new(Vec::new()),
     });
@@ -211,6 +235,82 @@ async fn a_reload_labels_the_version_only_after_it_succeeded() {
     );
     assert!(c[4].contains(r#""new_version":"3.7""#), "{}", c[4]);
     assert!(dir.path().join("3.7/model.safetensors").exists());
+}
+
+/// Moves every norm weight: a step that changes a few elements.
+struct NudgeNorms;
+
+impl bapo_policy::burn::module::ModuleMapper for NudgeNorms {
+    fn map_float<const D: usize>(
+        &mut self,
+        p: bapo_policy::burn::module::Param<Tensor<D>>,
+    ) -> bapo_policy::burn::module::Param<Tensor<D>> {
+        if D == 1 {
+            p.map(|t| t.add_scalar(0.5))
+        } else {
+            p
+        }
+    }
+}
+
+async fn serving(s: &mut vllm::Started, version: u64) {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        s.serving
+            .wait_for(|v| v.as_ref().is_some_and(|v| v.version == version)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("never served v{version}"))
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_version_goes_as_a_patch_or_else_by_reload() {
+    use bapo_policy::burn::module::Module;
+    for transfer in [Transfer::Works, Transfer::Fails, Transfer::Absent] {
+        let mut setup = start_with(Reload::Works, transfer, 32).await;
+        serving(&mut setup.started, 7).await;
+        let before = calls(&setup.fake).len();
+        let v7 = setup._weights.borrow().clone().unwrap();
+        let model = v7.policy.model.clone().map(&mut NudgeNorms);
+        let v8 = Versioned {
+            version: 8,
+            incarnation: 3,
+            policy: Policy::with_model(tiny(), model, &Device::flex()),
+        };
+        setup._weights.send(Some(Arc::new(v8))).unwrap();
+        serving(&mut setup.started, 8).await;
+        let after: Vec<String> = calls(&setup.fake).split_off(before);
+        let has = |route: &str| after.iter().any(|c| c.starts_with(route));
+        let reloaded = after
+            .iter()
+            .any(|c| c.contains("reload_hf_dir") && c.contains("3.8"));
+        match transfer {
+            Transfer::Works => {
+                assert!(
+                    has("/update_weights") && !reloaded,
+                    "{transfer:?}: {after:#?}"
+                );
+                assert!(
+                    after
+                        .iter()
+                        .any(|c| c.starts_with("/finish_weight_update") && c.contains("3.8")),
+                    "{after:#?}"
+                );
+            }
+            Transfer::Fails => assert!(has("/update_weights") && reloaded, "{after:#?}"),
+            Transfer::Absent => assert!(!has("/update_weights") && reloaded, "{after:#?}"),
+        }
+        assert!(has("/resume"), "{transfer:?}: never resumed: {after:#?}");
+        // The patch file is gone once applied or refused.
+        let left: Vec<_> = std::fs::read_dir(setup.dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".tmp-"))
+            .collect();
+        assert!(left.is_empty(), "{transfer:?}: {left:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -236,3 +236,40 @@ async fn load(
     }
     Ok(None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(version: u64) -> Kept {
+        Kept {
+            version,
+            incarnation: 9,
+            crc: 0xabc,
+            bytes: vec![1, 2],
+        }
+    }
+
+    #[test]
+    fn deltas_are_asked_for_only_from_the_bytes_that_serve() {
+        let mut h = Holdings {
+            kept: Some(kept(4)),
+            ..Default::default()
+        };
+        let r = h.request("a", Some((4, 9)));
+        assert_eq!(
+            (r.have_version, r.have_crc, r.takes_deltas),
+            (4, 0xabc, true)
+        );
+        // A chain cut short: the kept bytes are v5's, v4 serves. They are
+        // dropped, and the next version comes whole.
+        h.kept = Some(kept(5));
+        let r = h.request("a", Some((4, 9)));
+        assert_eq!((r.have_version, r.have_crc), (4, 0));
+        assert!(h.kept.is_none());
+        // After a refused delta: the newest whole, now.
+        h.want_snapshot = true;
+        let r = h.request("a", Some((4, 9)));
+        assert_eq!((r.have_version, r.have_incarnation, r.have_crc), (0, 0, 0));
+    }
+}
