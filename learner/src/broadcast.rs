@@ -152,9 +152,8 @@ impl WeightHub {
         encoding: Encoding,
     ) -> Result<Arc<Published>, WeightsError> {
         let (header, payload) = weights::encode_as(model, version, encoding)?;
-        let header = header.to_bytes_as(encoding);
-        let mut published = self.published(version, &header, payload, config, None, 0);
-        published.encoding = encoding;
+        let wire = (&header.to_bytes_as(encoding)[..], header.crc32, encoding);
+        let mut published = self.published(version, wire, payload, config, None, 0);
         published.links = self.chained(&published);
         gauge!(names::WEIGHT_PAYLOAD_BYTES).set(published.payload.len() as f64);
         gauge!(names::WEIGHT_DELTA_BYTES)
@@ -185,10 +184,7 @@ impl WeightHub {
         let prev = self
             .latest()
             .filter(|q| q.fingerprint == 0 && q.encoding == p.encoding && q.version < p.version);
-        let word = match p.encoding {
-            Encoding::F32 => 4,
-            Encoding::Bf16 => 2,
-        };
+        let word = p.encoding.word_bytes();
         let made = prev
             .as_ref()
             .map(|q| delta::diff_known(&q.payload, q.crc, &p.payload, p.crc, word).map(|d| (q, d)));
@@ -231,12 +227,13 @@ impl WeightHub {
             .ok_or_else(|| WeightsError::Record("a model without adapters".into()))?;
         let base = self.base(model, config, fingerprint, encoding)?;
         let (header, payload) = weights::encode_adapters(adapters, version, encoding, fingerprint)?;
-        let header = header.to_bytes_adapters(encoding);
-        let published = self.published(version, &header, payload, config, Some(base), fingerprint);
-        let published = Arc::new(Published {
+        let wire = (
+            &header.to_bytes_adapters(encoding)[..],
+            header.crc32,
             encoding,
-            ..published
-        });
+        );
+        let published = self.published(version, wire, payload, config, Some(base), fingerprint);
+        let published = Arc::new(published);
         self.tx.send_replace(Some(published.clone()));
         Ok(published)
     }
@@ -255,26 +252,23 @@ impl WeightHub {
         }
         let base = bapo_policy::lora::base_of(model);
         let (header, payload) = weights::encode_as(&base, 0, encoding)?;
-        let header = header.to_bytes_as(encoding);
-        let base = Arc::new(Published {
-            encoding,
-            ..self.published(0, &header, payload, config, None, fingerprint)
-        });
+        let wire = (&header.to_bytes_as(encoding)[..], header.crc32, encoding);
+        let base = Arc::new(self.published(0, wire, payload, config, None, fingerprint));
         *held = Some(base.clone());
         Ok(base)
     }
 
+    /// A version as published: `wire` is its header as sent, the
+    /// payload's CRC32 (the header's) and its encoding.
     fn published(
         &self,
         version: u64,
-        header: &[u8],
+        (header, crc, encoding): (&[u8], u32, Encoding),
         payload: BurnBytes,
         config: &ModelConfig,
         base: Option<Arc<Published>>,
         fingerprint: u64,
     ) -> Published {
-        // The header carries the payload's CRC32: no second pass over it.
-        let crc = weights::WeightsHeader::read_any(header).map_or(0, |(h, _, _)| h.crc32);
         Published {
             version,
             incarnation: self.incarnation,
@@ -285,7 +279,7 @@ impl WeightHub {
             at: Instant::now(),
             base,
             fingerprint,
-            encoding: Encoding::F32,
+            encoding,
             links: Arc::new([]),
         }
     }

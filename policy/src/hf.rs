@@ -104,20 +104,19 @@ pub fn load(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
 /// Writes `config.json` and `model.safetensors` in transformers' names and
 /// layout, so vLLM or transformers can serve the trained policy. LoRA
 /// adapters are merged into the weights first (see also
-/// [`crate::peft::write_dir`] for the adapters alone).
+/// [`crate::peft::write_dir`] for the adapters alone). Streams to the
+/// file: no second copy of the weights in memory.
 pub fn save(policy: &Policy, dir: &Path) -> Result<(), LoadError> {
+    write_config(policy, dir)?;
     let path = dir.join("model.safetensors");
-    let bytes = to_safetensors(policy).map_err(|e| file_err(&path, e))?;
-    save_bytes(policy, dir, &bytes)
+    let store = SafetensorsStore::from_file(&path);
+    export(policy, store).map_err(|e| file_err(&path, e))?;
+    Ok(())
 }
 
 /// [`save`] of weights already exported by [`to_safetensors`].
 pub fn save_bytes(policy: &Policy, dir: &Path, safetensors: &[u8]) -> Result<(), LoadError> {
-    std::fs::create_dir_all(dir).map_err(|e| file_err(dir, e))?;
-    let config = policy.config.to_hf_json();
-    let config_path = dir.join("config.json");
-    let text = serde_json::to_string_pretty(&config).map_err(|e| file_err(&config_path, e))?;
-    std::fs::write(&config_path, text).map_err(|e| file_err(&config_path, e))?;
+    write_config(policy, dir)?;
     let path = dir.join("model.safetensors");
     std::fs::write(&path, safetensors).map_err(|e| file_err(&path, e))
 }
@@ -126,12 +125,24 @@ pub fn save_bytes(policy: &Policy, dir: &Path, safetensors: &[u8]) -> Result<(),
 /// (LoRA adapters merged), in memory: what [`save`] writes, and what a
 /// weight patch for an engine is diffed against ([`crate::hf_patch`]).
 pub fn to_safetensors(policy: &Policy) -> Result<Vec<u8>, String> {
+    let store = export(policy, SafetensorsStore::from_bytes(None))?;
+    store.get_bytes().map_err(|e| e.to_string())
+}
+
+fn write_config(policy: &Policy, dir: &Path) -> Result<(), LoadError> {
+    std::fs::create_dir_all(dir).map_err(|e| file_err(dir, e))?;
+    let config = policy.config.to_hf_json();
+    let path = dir.join("config.json");
+    let text = serde_json::to_string_pretty(&config).map_err(|e| file_err(&path, e))?;
+    std::fs::write(&path, text).map_err(|e| file_err(&path, e))
+}
+
+/// Saves the weights into `store` in transformers' names and layout.
+fn export(policy: &Policy, store: SafetensorsStore) -> Result<SafetensorsStore, String> {
     let remap =
         KeyRemapper::from_patterns(vec![("^(embed_tokens|layers|norm)(.*)$", "model.$1$2")])
             .map_err(|e| e.to_string())?;
-    let mut store = SafetensorsStore::from_bytes(None)
-        .with_to_adapter(BurnToPyTorchAdapter)
-        .remap(remap);
+    let mut store = store.with_to_adapter(BurnToPyTorchAdapter).remap(remap);
     let merged;
     let model = match policy.model.lora {
         Some(_) => {
@@ -141,5 +152,5 @@ pub fn to_safetensors(policy: &Policy) -> Result<Vec<u8>, String> {
         None => &policy.model,
     };
     model.save_into(&mut store).map_err(|e| e.to_string())?;
-    store.get_bytes().map_err(|e| e.to_string())
+    Ok(store)
 }

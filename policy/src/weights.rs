@@ -121,6 +121,14 @@ impl Encoding {
             Encoding::Bf16 => FloatDType::BF16,
         }
     }
+
+    /// Bytes per float word: the word size a delta of this payload uses.
+    pub fn word_bytes(self) -> usize {
+        match self {
+            Encoding::F32 => 4,
+            Encoding::Bf16 => 2,
+        }
+    }
 }
 
 impl fmt::Display for Encoding {

@@ -175,7 +175,7 @@ fn deltas(c: &ModelConfig, model: &Transformer, lr: f64, steps: usize) -> anyhow
         trainer.step(&groups)?;
         for (encoding, old) in &mut prev {
             let (_, payload) = weights::encode_as(trainer.model(), step as u64, *encoding)?;
-            let word = if *encoding == Encoding::F32 { 4 } else { 2 };
+            let word = encoding.word_bytes();
             let t = Instant::now();
             let d = bapo_policy::delta::diff(old, &payload, word)?;
             let diff_s = t.elapsed().as_secs_f64();

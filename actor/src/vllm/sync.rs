@@ -59,6 +59,13 @@ pub struct Loader {
     pub transfer: Transfer,
 }
 
+/// Whether a version went in as a patch; if not, the export made on
+/// the way, for the file reload to write.
+enum Patched {
+    Yes,
+    No(Option<Vec<u8>>),
+}
+
 /// How a version's weights get into the engine.
 enum Load<'a> {
     /// Reloaded whole from an HF directory.
@@ -203,7 +210,7 @@ impl Loader {
             v.policy.model.lora.as_ref().map_or(0, |a| a.base)
         );
         weights_dir::prune(&self.weights_dir, |n| n == name);
-        let (dir, _) = self.write(&base, &name).await?;
+        let (dir, _) = self.write(&base, &name, None).await?;
         self.swap(Load::Reload(&dir), UNKNOWN).await
     }
 
@@ -289,9 +296,9 @@ impl Loader {
         let t0 = Instant::now();
         let name = label(v.incarnation, v.version);
         let path = match self.patch(v, &name).await {
-            Ok(true) => "transfer",
-            Ok(false) => {
-                self.reload_full(v, &name).await?;
+            Ok(Patched::Yes) => "transfer",
+            Ok(Patched::No(export)) => {
+                self.reload_full(v, &name, export).await?;
                 "reload"
             }
             Err(e) => {
@@ -299,7 +306,7 @@ impl Loader {
                     counter!(names::ENGINE_TRANSFER_FALLBACKS).increment(1);
                     tracing::warn!("weights {name} as a patch: {e:#}; reloading from a file");
                 }
-                self.reload_full(v, &name).await?;
+                self.reload_full(v, &name, None).await?;
                 "reload"
             }
         };
@@ -313,26 +320,35 @@ impl Loader {
         Ok(())
     }
 
-    /// `v` into the engine from an HF directory; the export is kept for
-    /// the patches that follow.
-    async fn reload_full(&mut self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<()> {
+    /// `v` into the engine from an HF directory (from `export` when it
+    /// was made already); the export is kept for the patches that follow,
+    /// unless the server has no transfer engine.
+    async fn reload_full(
+        &mut self,
+        v: &Arc<Versioned>,
+        name: &str,
+        export: Option<Vec<u8>>,
+    ) -> anyhow::Result<()> {
         self.transfer.held = None;
         weights_dir::prune(&self.weights_dir, |n| n == name);
-        let (dir, export) = self.write(v, name).await?;
+        let (dir, export) = self.write(v, name, export).await?;
         self.swap(Load::Reload(&dir), name).await?;
-        self.transfer.held = Some(export);
+        if self.transfer.ready != Some(false) {
+            self.transfer.held = Some(export);
+        }
         Ok(())
     }
 
     /// `v` as the elements that changed since the version the engine
-    /// holds, through the transfer engine; `false` when a patch would not
-    /// pay (no engine, nothing held, or most elements changed: f32
-    /// broadcasts under AdamW) and the file reload is the way. Any error
-    /// leaves the patch path until the next file reload (the engine's
-    /// weights are then unknown to the actor: the reload sets them).
-    async fn patch(&mut self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<bool> {
+    /// holds, through the transfer engine; [`Patched::No`] when a patch
+    /// would not pay (no engine, nothing held, or most elements changed:
+    /// f32 broadcasts under AdamW) and the file reload is the way. Any
+    /// error leaves the patch path until the next file reload (the
+    /// engine's weights are then unknown to the actor: the reload sets
+    /// them).
+    async fn patch(&mut self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<Patched> {
         let Some(held) = self.transfer.held.take() else {
-            return Ok(false);
+            return Ok(Patched::No(None));
         };
         if self.transfer.ready.is_none() {
             let ready = self.api.init_transfer(self.reload_timeout).await;
@@ -344,25 +360,28 @@ impl Loader {
             self.transfer.ready = Some(ready.is_ok());
         }
         if self.transfer.ready != Some(true) {
-            return Ok(false);
+            return Ok(Patched::No(None));
         }
-        let policy = v.clone();
+        let (policy, dir) = (v.clone(), self.weights_dir.join(format!(".tmp-{name}")));
+        let file = std::path::absolute(dir.join("patch.safetensors"))?;
+        let (f, d) = (file.clone(), dir.clone());
         let (export, patch) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
             let export =
                 bapo_policy::hf::to_safetensors(&policy.policy).map_err(anyhow::Error::msg)?;
             let patch = bapo_policy::hf_patch::diff(&held, &export)?;
-            Ok((export, patch))
+            // Indices and values of most elements: larger than the weights.
+            let pays = patch.bytes.len() < export.len();
+            if pays {
+                let _ = std::fs::remove_dir_all(&d);
+                std::fs::create_dir_all(&d)?;
+                std::fs::write(&f, &patch.bytes)?;
+            }
+            Ok((export, pays.then_some(patch)))
         })
         .await??;
-        if patch.bytes.len() >= export.len() {
-            // Indices and values of most elements: larger than the weights.
-            return Ok(false);
-        }
-        let dir = self.weights_dir.join(format!(".tmp-{name}"));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)?;
-        let file = std::path::absolute(dir.join("patch.safetensors"))?;
-        std::fs::write(&file, &patch.bytes)?;
+        let Some(patch) = patch else {
+            return Ok(Patched::No(Some(export)));
+        };
         counter!(names::ENGINE_PATCH_BYTES).increment(patch.bytes.len() as u64);
         let applied = self.swap(Load::Patch(&file), name).await;
         let _ = std::fs::remove_dir_all(&dir);
@@ -374,7 +393,7 @@ impl Loader {
             patch.bytes.len()
         );
         self.transfer.held = Some(export);
-        Ok(true)
+        Ok(Patched::Yes)
     }
 
     /// Pause, load in place, label what follows `name`, resume.
@@ -409,14 +428,23 @@ impl Loader {
         Ok(())
     }
 
-    /// Writes `v` to `<weights_dir>/<name>` (over anything there) and
-    /// returns the directory and the safetensors export written.
-    async fn write(&self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<(PathBuf, Vec<u8>)> {
+    /// Writes `v` to `<weights_dir>/<name>` (over anything there), from
+    /// `export` when it was made already, and returns the directory and
+    /// the safetensors export written.
+    async fn write(
+        &self,
+        v: &Arc<Versioned>,
+        name: &str,
+        export: Option<Vec<u8>>,
+    ) -> anyhow::Result<(PathBuf, Vec<u8>)> {
         let dir = self.weights_dir.join(name);
         let tmp = self.weights_dir.join(format!(".tmp-{name}"));
         let (v, t, d) = (v.clone(), tmp.clone(), dir.clone());
         let export = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<u8>> {
-            let export = bapo_policy::hf::to_safetensors(&v.policy).map_err(anyhow::Error::msg)?;
+            let export = match export {
+                Some(e) => e,
+                None => bapo_policy::hf::to_safetensors(&v.policy).map_err(anyhow::Error::msg)?,
+            };
             let _ = std::fs::remove_dir_all(&t);
             let _ = std::fs::remove_dir_all(&d);
             bapo_policy::hf::save_bytes(&v.policy, &t, &export)?;

@@ -42,7 +42,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import time
 from dataclasses import dataclass
 
 import torch
@@ -162,9 +161,7 @@ class BapoWorker:
         return self.model_runner.get_model()
 
     def _bapo_tied(self) -> bool:
-        hf_config = self.model_runner.model_config.hf_config
-        text_config = getattr(hf_config, "get_text_config", lambda: hf_config)()
-        return bool(getattr(text_config, "tie_word_embeddings", False))
+        return _tied(self.model_runner.model_config)
 
     def reload_hf_dir(self, path: str) -> str:
         """Reload every weight in place from the HF safetensors directory `path`.
@@ -451,7 +448,6 @@ if WeightTransferEngine is not None:
         def __init__(self, config, vllm_config, device, model) -> None:
             super().__init__(config, vllm_config, device, model)
             self._written: set = set()
-            self.stats: dict = {}
 
         @torch.no_grad()
         def init_transfer_engine(self, init_info: BapoShmInit) -> None:
@@ -465,12 +461,10 @@ if WeightTransferEngine is not None:
                 )
             from safetensors import safe_open
 
-            t0 = time.perf_counter()
             for f in sorted(glob.glob(os.path.join(self.model_config.model, "*.safetensors"))):
                 with safe_open(f, framework="pt") as st:
                     for k in st.keys():
                         _where(self.model, k, tuple(st.get_slice(k).get_shape()))
-            self.stats = {"layout_s": time.perf_counter() - t0}
 
         def start_weight_update(self) -> None:
             self._written = set()
@@ -483,16 +477,11 @@ if WeightTransferEngine is not None:
 
         @torch.no_grad()
         def receive_weights(self, update_info: BapoShmUpdate) -> None:
-            t0 = time.perf_counter()
             self._written |= _apply(self.model, _read_patch(update_info.path))
-            self.stats["apply_s"] = time.perf_counter() - t0
 
         @torch.no_grad()
         def finish_weight_update(self) -> None:
-            t0 = time.perf_counter()
             _reprocess(self.model, self.model_config, self._written)
-            self.stats["reprocess_s"] = time.perf_counter() - t0
-            self._written = set()
 
         def shutdown(self) -> None:
             pass
