@@ -392,7 +392,7 @@ def _tied(model_config) -> bool:
 def _reprocess(model: torch.nn.Module, model_config, written: set) -> None:
     """Rebuild the packed GEMM copy of every module written (and of a tied
     LM head when the embedding was): without it the CPU GEMM keeps the old
-    weights (log-probs off by ~0.3 in the prototype's control run)."""
+    weights (vLLM packs them once, model_executor/layers/utils.py)."""
     from vllm.model_executor.layers.vocab_parallel_embedding import (
         ParallelLMHead,
         VocabParallelEmbedding,
