@@ -38,8 +38,7 @@ async fn late_subscriber(url: String) -> std::sync::Arc<subscription::Versioned>
         url,
         None,
         "late".into(),
-        Device::flex(),
-        Default::default(),
+        bapo_actor::subscription::Target::model(Device::flex(), Default::default()),
         cell_tx,
         stop_rx,
     ));
@@ -128,7 +127,7 @@ async fn learner_advances_and_the_actor_follows_its_weights() {
         .unwrap()
         .unwrap();
     let (saved, _) = checkpoint::load_policy(&ckpt, &Device::flex()).unwrap();
-    assert_eq!(logits(&got.policy), logits(&saved));
+    assert_eq!(logits(got.policy().unwrap()), logits(&saved));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -154,8 +153,7 @@ async fn slow_subscribers_skip_to_the_newest_and_corrupt_weights_are_refused() {
         url,
         None,
         "late".into(),
-        Device::flex(),
-        Default::default(),
+        bapo_actor::subscription::Target::model(Device::flex(), Default::default()),
         cell_tx,
         stop_rx,
     ));
@@ -359,7 +357,7 @@ async fn a_lora_learner_sends_its_base_once_then_adapters_only() {
     assert!(state.lora.is_some());
     // The same factors; the actor's came through PEFT's transposed layout,
     // so a matmul may round differently in the last bit.
-    let diff = logits(&got.policy)
+    let diff = logits(got.policy().unwrap())
         .iter()
         .zip(logits(&saved))
         .map(|(a, b)| (a - b).abs())
@@ -369,7 +367,7 @@ async fn a_lora_learner_sends_its_base_once_then_adapters_only() {
     base.lora = None;
     let base = Policy::with_model(saved.config.clone(), base, &Device::flex());
     assert_ne!(
-        logits(&got.policy),
+        logits(got.policy().unwrap()),
         logits(&base),
         "the adapters changed the policy"
     );

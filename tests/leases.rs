@@ -131,11 +131,7 @@ fn weights_cell() -> (
     watch::Sender<Option<Arc<Versioned>>>,
     bapo_actor::subscription::PolicyCell,
 ) {
-    watch::channel(Some(Arc::new(Versioned {
-        version: 0,
-        incarnation: 0,
-        policy: common::tiny(1),
-    })))
+    watch::channel(Some(Arc::new(Versioned::new(0, 0, common::tiny(1)))))
 }
 
 /// An actor's lease on `group_id` from the buffer at `url`, renewed in

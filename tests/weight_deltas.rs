@@ -123,7 +123,7 @@ fn decoded(p: &Published) -> Policy {
     });
     assert!(a.push(&p.payload).unwrap());
     let loaded = a.finish(&Device::flex(), Default::default(), None).unwrap();
-    loaded.policy().unwrap().policy
+    loaded.policy().unwrap().into_policy().unwrap()
 }
 
 fn count(name: &str, label: &str) -> u64 {
@@ -143,7 +143,7 @@ async fn deltas_bring_an_actor_to_exactly_the_learners_weights() {
     let (url, _server) = weight_server(hub.clone()).await;
     let (mut cell, _stop) = follow(url, "delta-actor");
     let got = version(&mut cell, 1).await;
-    assert_eq!(bits(&got.policy), bits(&decoded(&first)));
+    assert_eq!(bits(got.policy().unwrap()), bits(&decoded(&first)));
 
     let deltas_before = count("bapo_actor_weight_updates_total", "delta");
     for v in 2..=4 {
@@ -160,7 +160,7 @@ async fn deltas_bring_an_actor_to_exactly_the_learners_weights() {
             p.payload.len()
         );
         let got = version(&mut cell, v).await;
-        assert_eq!(bits(&got.policy), bits(&decoded(&p)), "v{v}");
+        assert_eq!(bits(got.policy().unwrap()), bits(&decoded(&p)), "v{v}");
     }
     // Counters are per binary: at least this test's three.
     assert!(count("bapo_actor_weight_updates_total", "delta") >= deltas_before + 3);
@@ -175,8 +175,8 @@ async fn deltas_bring_an_actor_to_exactly_the_learners_weights() {
         .publish_as(&model.model, &model.config, 5, Encoding::Bf16)
         .unwrap();
     let want = bits(&decoded(&p));
-    assert_eq!(bits(&version(&mut late, 5).await.policy), want);
-    assert_eq!(bits(&version(&mut cell, 5).await.policy), want);
+    assert_eq!(bits(version(&mut late, 5).await.policy().unwrap()), want);
+    assert_eq!(bits(version(&mut cell, 5).await.policy().unwrap()), want);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -216,7 +216,7 @@ async fn a_dropped_delta_is_refused_and_the_newest_comes_whole() {
     // does not hold: refused, and v14 is sent whole.
     let p = last.unwrap();
     assert_eq!(
-        bits(&version(&mut cell, 14).await.policy),
+        bits(version(&mut cell, 14).await.policy().unwrap()),
         bits(&decoded(&p))
     );
     assert!(count("bapo_actor_weight_deltas_refused_total", "base") > refused_before);

@@ -67,7 +67,12 @@ pub fn generate(
                 }
             }
         }
-        g.step(&current.policy, current.version as u32);
+        // The Burn engine's subscription loads every version as a model.
+        let Some(policy) = current.policy() else {
+            tracing::error!("v{}: weights not loaded as a model", current.version);
+            return Outcome::Aborted;
+        };
+        g.step(policy, current.version as u32);
     }
     Outcome::Done {
         responses: g.into_responses(),

@@ -195,8 +195,14 @@ fn follow_weights(
         opts.learner.clone(),
         opts.tls.clone(),
         opts.actor_id.clone(),
-        opts.device.clone(),
-        opts.precision,
+        subscription::Target {
+            device: opts.device.clone(),
+            precision: opts.precision,
+            form: match cfg.engine {
+                EngineKind::Burn => subscription::Form::Model,
+                EngineKind::Vllm => subscription::Form::Wire,
+            },
+        },
         cell_tx,
         stop_rx.clone(),
     ));
@@ -411,11 +417,7 @@ impl Slot {
                 }
                 continue;
             };
-            if !fits(
-                &problem,
-                &prompt,
-                start.policy.config.max_position_embeddings,
-            ) {
+            if !fits(&problem, &prompt, start.config().max_position_embeddings) {
                 continue;
             }
             let group_id = format!("{}-{n}", self.prefix);

@@ -39,16 +39,8 @@ fn run_with(mode: UpdateMode, switch_at: usize, v2_incarnation: u64) -> Run {
 }
 
 fn run_on(mode: UpdateMode, switch_at: usize, v2_incarnation: u64, device: &Device) -> Run {
-    let v1 = Arc::new(Versioned {
-        version: 1,
-        incarnation: 10,
-        policy: policy(1, device),
-    });
-    let v2 = Arc::new(Versioned {
-        version: 2,
-        incarnation: v2_incarnation,
-        policy: policy(2, device),
-    });
+    let v1 = Arc::new(Versioned::new(1, 10, policy(1, device)));
+    let v2 = Arc::new(Versioned::new(2, v2_incarnation, policy(2, device)));
     let params = SamplingParams {
         temperature: 1.0,
         max_new_tokens: 10,
@@ -116,8 +108,8 @@ fn partial_mode_on(device: &Device) {
             "{:?}",
             r.versions
         );
-        let old = recomputed(&v1.policy, &[5, 6, 7], &r.tokens);
-        let new = recomputed(&v2.policy, &[5, 6, 7], &r.tokens);
+        let old = recomputed(v1.policy().unwrap(), &[5, 6, 7], &r.tokens);
+        let new = recomputed(v2.policy().unwrap(), &[5, 6, 7], &r.tokens);
         for (t, &lp) in r.logprobs.iter().enumerate() {
             let want = if t < switch_at { old[t] } else { new[t] };
             assert!(
@@ -136,7 +128,7 @@ fn restart_mode_regenerates_with_the_new_weights_only() {
     let (responses, _, v2) = run(UpdateMode::Restart, 4);
     for r in &responses {
         assert!(r.versions.iter().all(|&v| v == 2), "{:?}", r.versions);
-        let want = recomputed(&v2.policy, &[5, 6, 7], &r.tokens);
+        let want = recomputed(v2.policy().unwrap(), &[5, 6, 7], &r.tokens);
         for (lp, w) in r.logprobs.iter().zip(&want) {
             assert!((lp - w).abs() < 1e-4);
         }
@@ -154,7 +146,7 @@ fn weights_of_a_new_incarnation_restart_a_partial_rollout() {
     );
     for r in &responses {
         assert!(r.versions.iter().all(|&v| v == 2), "{:?}", r.versions);
-        let want = recomputed(&v2.policy, &[5, 6, 7], &r.tokens);
+        let want = recomputed(v2.policy().unwrap(), &[5, 6, 7], &r.tokens);
         for (lp, w) in r.logprobs.iter().zip(&want) {
             assert!((lp - w).abs() < 1e-4);
         }

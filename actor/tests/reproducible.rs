@@ -17,11 +17,11 @@ use rand::Rng;
 /// What a slot would send for its first `groups` groups: the drawn
 /// problem index, then per response its token ids and log-probs as bits.
 fn rollouts(seed: u64, slot: usize, groups: usize) -> Vec<(u64, Vec<u32>, Vec<u32>)> {
-    let start = Arc::new(Versioned {
-        version: 0,
-        incarnation: 1,
-        policy: bapo_policy::testing::tiny_policy(seed),
-    });
+    let start = Arc::new(Versioned::new(
+        0,
+        1,
+        bapo_policy::testing::tiny_policy(seed),
+    ));
     let mut rng = slot_rng("actor-0", slot, seed, false);
     let mut out = Vec::new();
     for _ in 0..groups {

@@ -93,11 +93,7 @@ async fn a_real_vllm_engine_serves_versions_matches_and_recovers() {
     let model = smollm2();
     let dtype = std::env::var("BAPO_VLLM_DTYPE").unwrap_or_else(|_| "float32".into());
     let cpu = Device::flex();
-    let v1 = Arc::new(Versioned {
-        version: 1,
-        incarnation: 3,
-        policy: hf::load(&model, &cpu).unwrap(),
-    });
+    let v1 = Arc::new(Versioned::new(1, 3, hf::load(&model, &cpu).unwrap()));
     let (weights_tx, weights_rx) = watch::channel(Some(v1.clone()));
     let cfg = VllmConfig {
         dtype: dtype.clone(),
@@ -118,7 +114,7 @@ async fn a_real_vllm_engine_serves_versions_matches_and_recovers() {
     };
     let rs = group(&engine, &prompt, 8, &params).await;
     assert!(rs.iter().all(|r| r.versions.iter().all(|&v| v == 1)));
-    let (max, mean, k3) = mismatch(&v1.policy, &prompt, &rs, t);
+    let (max, mean, k3) = mismatch(v1.policy().unwrap(), &prompt, &rs, t);
     eprintln!(
         "mismatch, vLLM {dtype} vs bapo f32 at T={t}: max |d logp| {max:.2e}, mean {mean:.2e}, k3 KL {k3:.2e}"
     );
@@ -137,7 +133,7 @@ async fn a_real_vllm_engine_serves_versions_matches_and_recovers() {
         let t0 = Instant::now();
         let rs = group(&engine, &prompt, k, &bench).await;
         let engine_tps = tok_per_s(&rs, t0.elapsed().as_secs_f64());
-        let burn_tps = burn_tok_per_s(&v1.policy, &prompt, k, &bench);
+        let burn_tps = burn_tok_per_s(v1.policy().unwrap(), &prompt, k, &bench);
         eprintln!(
             "generation, batch {k}, 16 + 112 tokens: bapo (Burn, f32) {burn_tps:.0} tok/s, vLLM ({dtype}, eager) {engine_tps:.0} tok/s"
         );
@@ -145,11 +141,11 @@ async fn a_real_vllm_engine_serves_versions_matches_and_recovers() {
 
     // 3. A new version mid-generation: other weights (random), v2.
     cpu.seed(42);
-    let v2 = Arc::new(Versioned {
-        version: 2,
-        incarnation: 3,
-        policy: Policy::init(v1.policy.config.clone(), &cpu),
-    });
+    let v2 = Arc::new(Versioned::new(
+        2,
+        3,
+        Policy::init(v1.policy().unwrap().config.clone(), &cpu),
+    ));
     let long = SamplingParams {
         temperature: 1.0,
         max_new_tokens: 300,
@@ -180,7 +176,7 @@ async fn a_real_vllm_engine_serves_versions_matches_and_recovers() {
         assert!(r.versions[switch..].iter().all(|&v| v == 2));
         // Tokens before the swap are v1's; after it the engine kept v1's
         // KV cache (pause mode keep), so only the label is checked there.
-        let old = recomputed(&v1.policy, &prompt, &r.tokens, 1.0);
+        let old = recomputed(v1.policy().unwrap(), &prompt, &r.tokens, 1.0);
         let d = (0..switch)
             .map(|i| (r.logprobs[i] - old[i]).abs())
             .fold(0f32, f32::max);
@@ -191,8 +187,8 @@ async fn a_real_vllm_engine_serves_versions_matches_and_recovers() {
     }
     let fresh = group(&engine, &prompt, 4, &params).await;
     assert!(fresh.iter().all(|r| r.versions.iter().all(|&v| v == 2)));
-    let (max2, _, _) = mismatch(&v2.policy, &prompt, &fresh, t);
-    let (against_v1, _, _) = mismatch(&v1.policy, &prompt, &fresh, t);
+    let (max2, _, _) = mismatch(v2.policy().unwrap(), &prompt, &fresh, t);
+    let (against_v1, _, _) = mismatch(v1.policy().unwrap(), &prompt, &fresh, t);
     eprintln!("after the reload: max |d logp| vs v2 {max2:.2e}, vs v1 {against_v1:.2e}");
     if dtype == "float32" {
         assert!(
@@ -225,7 +221,7 @@ async fn a_real_vllm_engine_serves_versions_matches_and_recovers() {
         t_kill.elapsed().as_secs_f64()
     );
     let after = group(&engine, &prompt, 2, &params).await;
-    let (max3, _, _) = mismatch(&v2.policy, &prompt, &after, t);
+    let (max3, _, _) = mismatch(v2.policy().unwrap(), &prompt, &after, t);
     assert!(
         dtype != "float32" || max3 < 1e-2,
         "after a restart the engine is not on v2: {max3}"
@@ -263,11 +259,7 @@ async fn a_real_vllm_engine_serves_lora_adapters_as_versions() {
     let cpu = Device::flex();
     let base = hf::load(&model, &cpu).unwrap();
     let fp = bapo_policy::lora::fingerprint(&base.model);
-    let v1 = Arc::new(Versioned {
-        version: 1,
-        incarnation: 5,
-        policy: with_adapters(&base, 1, fp),
-    });
+    let v1 = Arc::new(Versioned::new(1, 5, with_adapters(&base, 1, fp)));
     let (weights_tx, weights_rx) = watch::channel(Some(v1.clone()));
     let cfg = VllmConfig {
         dtype: "float32".into(),
@@ -290,7 +282,7 @@ async fn a_real_vllm_engine_serves_lora_adapters_as_versions() {
     };
     let rs = group(&engine, &prompt, 4, &params).await;
     assert!(rs.iter().all(|r| r.versions.iter().all(|&v| v == 1)));
-    let (max, mean, _) = mismatch(&v1.policy, &prompt, &rs, t);
+    let (max, mean, _) = mismatch(v1.policy().unwrap(), &prompt, &rs, t);
     let (vs_base, _, _) = mismatch(&base, &prompt, &rs, t);
     eprintln!(
         "LoRA v1: max |d logp| vs bapo's adapted policy {max:.2e} (mean {mean:.2e}), vs the base {vs_base:.2e}"
@@ -301,11 +293,7 @@ async fn a_real_vllm_engine_serves_lora_adapters_as_versions() {
     // A new version while a long request is in flight: the request stays
     // on adapter v1 to its end (every token v1 and v1's log-probs); a
     // fresh one runs on v2. Only the adapter travels: no reload.
-    let v2 = Arc::new(Versioned {
-        version: 2,
-        incarnation: 5,
-        policy: with_adapters(&base, 2, fp),
-    });
+    let v2 = Arc::new(Versioned::new(2, 5, with_adapters(&base, 2, fp)));
     let long = SamplingParams {
         temperature: 1.0,
         max_new_tokens: 200,
@@ -325,12 +313,12 @@ async fn a_real_vllm_engine_serves_lora_adapters_as_versions() {
     );
     let spanning = in_flight.await.unwrap();
     assert!(spanning.iter().all(|r| r.versions.iter().all(|&v| v == 1)));
-    let (old, _, _) = mismatch(&v1.policy, &prompt, &spanning, 1.0);
+    let (old, _, _) = mismatch(v1.policy().unwrap(), &prompt, &spanning, 1.0);
     assert!(old < 1e-2, "the in-flight request left adapter v1: {old}");
     let fresh = group(&engine, &prompt, 4, &params).await;
     assert!(fresh.iter().all(|r| r.versions.iter().all(|&v| v == 2)));
-    let (max2, _, _) = mismatch(&v2.policy, &prompt, &fresh, t);
-    let (against_v1, _, _) = mismatch(&v1.policy, &prompt, &fresh, t);
+    let (max2, _, _) = mismatch(v2.policy().unwrap(), &prompt, &fresh, t);
+    let (against_v1, _, _) = mismatch(v1.policy().unwrap(), &prompt, &fresh, t);
     eprintln!("LoRA v2: max |d logp| vs v2 {max2:.2e}, vs v1 {against_v1:.2e}");
     assert!(
         max2 < 1e-2,

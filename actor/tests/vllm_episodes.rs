@@ -42,11 +42,11 @@ fn a_real_vllm_engine_plays_a_groups_episodes_in_turn_and_at_once() {
     let model = smollm2();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _in_rt = rt.enter();
-    let weights = Arc::new(Versioned {
-        version: 1,
-        incarnation: 3,
-        policy: hf::load(&model, &Device::flex()).unwrap(),
-    });
+    let weights = Arc::new(Versioned::new(
+        1,
+        3,
+        hf::load(&model, &Device::flex()).unwrap(),
+    ));
     let (_weights_tx, cell) = watch::channel(Some(weights));
     let cfg = VllmConfig {
         extra_args: eager(16),

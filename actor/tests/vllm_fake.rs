@@ -14,10 +14,10 @@ use std::{
 
 use bapo_actor::{
     UpdateMode,
-    subscription::Versioned,
+    subscription::{Versioned, Wire},
     vllm::{self, VllmConfig},
 };
-use bapo_policy::{ModelConfig, Policy, burn::prelude::*};
+use bapo_policy::{ModelConfig, Policy, burn::prelude::*, model::Transformer, weights::Encoding};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpListener,
@@ -148,6 +148,15 @@ struct Setup {
     dir: tempfile::TempDir,
     _weights: watch::Sender<Option<Arc<Versioned>>>,
     _stop: watch::Sender<bool>,
+    /// v7's model.
+    model: Transformer,
+}
+
+/// `model` as a vLLM actor receives it: the bf16 payload of version
+/// `version` of incarnation 3.
+fn wire(version: u64, model: &Transformer) -> Arc<Versioned> {
+    let w = Wire::encode(&tiny(), model, Encoding::Bf16).unwrap();
+    Arc::new(Versioned::wire(version, 3, w))
 }
 
 /// Starts the engine side against a fake answering reloads with `reload`
@@ -171,12 +180,8 @@ async fn start_with(reload: Reload, transfer: Transfer, vocab: usize) -> Setup {
         reload_timeout_s: 1.0,
         ..Default::default()
     };
-    let v = Arc::new(Versioned {
-        version: 7,
-        incarnation: 3,
-        policy: Policy::init(tiny(), &Device::flex()),
-    });
-    let (weights_tx, weights) = watch::channel(Some(v));
+    let model = Policy::init(tiny(), &Device::flex()).model;
+    let (weights_tx, weights) = watch::channel(Some(wire(7, &model)));
     let (stop_tx, stop) = watch::channel(false);
     let started = vllm::start(&cfg, UpdateMode::Partial, None, weights, stop).unwrap();
     Setup {
@@ -185,6 +190,7 @@ async fn start_with(reload: Reload, transfer: Transfer, vocab: usize) -> Setup {
         dir,
         _weights: weights_tx,
         _stop: stop_tx,
+        model,
     }
 }
 
@@ -206,6 +212,7 @@ async fn a_reload_labels_the_version_only_after_it_succeeded() {
         dir,
         _weights,
         _stop,
+        ..
     } = start(Reload::Works, 32).await;
     let serving = &mut started.serving;
     tokio::time::timeout(Duration::from_secs(30), serving.wait_for(|v| v.is_some()))
@@ -271,14 +278,8 @@ async fn a_later_version_goes_as_a_patch_or_else_by_reload() {
         let mut setup = start_with(Reload::Works, transfer, 32).await;
         serving(&mut setup.started, 7).await;
         let before = calls(&setup.fake).len();
-        let v7 = setup._weights.borrow().clone().unwrap();
-        let model = v7.policy.model.clone().map(&mut NudgeNorms);
-        let v8 = Versioned {
-            version: 8,
-            incarnation: 3,
-            policy: Policy::with_model(tiny(), model, &Device::flex()),
-        };
-        setup._weights.send(Some(Arc::new(v8))).unwrap();
+        let model = setup.model.clone().map(&mut NudgeNorms);
+        setup._weights.send(Some(wire(8, &model))).unwrap();
         serving(&mut setup.started, 8).await;
         let after: Vec<String> = calls(&setup.fake).split_off(before);
         let has = |route: &str| after.iter().any(|c| c.starts_with(route));

@@ -5,7 +5,10 @@
 //! `config.json`, random weights; `tiny` by default) with its character
 //! tokenizer. No download. Opt-in: `scripts/e2e-vllm.sh` runs it.
 //!
-//! v1 is loaded from a file (the first load); v2 and v3, each a small step
+//! Each version reaches the actor as a vLLM actor's subscription hands it
+//! on: the bf16 payload of the learner's broadcast, never decoded into a
+//! model (the engine must compute with the bf16-rounded weights). v1 is
+//! loaded from a file (the first load); v2 and v3, each a small step
 //! from the one before (2% of every tensor's elements moved, the tied
 //! embedding's among them), go as patches in place. After each the engine's log-probs must
 //! be those of bapo's own forward pass on the new weights (the control:
@@ -24,7 +27,7 @@ mod common;
 use bapo_actor::{
     UpdateMode,
     rollout::Outcome,
-    subscription::Versioned,
+    subscription::{Versioned, Wire},
     vllm::{self, VllmConfig},
 };
 use bapo_policy::{
@@ -35,7 +38,9 @@ use bapo_policy::{
         tensor::Distribution,
     },
     hf,
+    model::Transformer,
     tokenizer::TextTokenizer,
+    weights::{self, Encoding, WeightsHeader},
 };
 use common::{eager, wait_serving};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -88,8 +93,22 @@ fn stepped(p: &Policy) -> Policy {
     )
 }
 
-fn copy(p: &Policy) -> Policy {
-    Policy::with_model(p.config.clone(), p.model.clone(), &p.device())
+/// `p` as a vLLM actor receives it under a bf16 broadcast, and the
+/// weights that payload holds (bf16-rounded, back in f32): what the
+/// engine must compute with.
+fn broadcast(p: &Policy) -> (Wire, Policy) {
+    let wire = Wire::encode(&p.config, &p.model, Encoding::Bf16).unwrap();
+    let header = WeightsHeader {
+        policy_version: 0,
+        payload_len: wire.payload.len() as u64,
+        crc32: wire.crc,
+    };
+    let fresh = Transformer::init(&p.config, &p.device());
+    let model = weights::decode_as(&header, Encoding::Bf16, wire.payload.clone(), fresh).unwrap();
+    (
+        wire,
+        Policy::with_model(p.config.clone(), model, &p.device()),
+    )
 }
 
 fn recomputed(p: &Policy, prompt: &[u32], response: &[u32]) -> Vec<f32> {
@@ -152,14 +171,9 @@ async fn versions_reach_a_real_vllm_as_patches_in_place() {
     TextTokenizer::char_level()
         .save(&dir.path().join("tokenizer.json"))
         .unwrap();
-    let versioned = |version, policy| {
-        Some(Arc::new(Versioned {
-            version,
-            incarnation: 9,
-            policy,
-        }))
-    };
-    let (weights_tx, weights_rx) = watch::channel(versioned(1, copy(&v1)));
+    let versioned = |version, wire| Some(Arc::new(Versioned::wire(version, 9, wire)));
+    let (wire, v1) = broadcast(&v1);
+    let (weights_tx, weights_rx) = watch::channel(versioned(1, wire));
     // Eager, and contexts no longer than the model's positions.
     let mut extra_args = eager(8);
     let len = v1.config.max_position_embeddings.min(1024).to_string();
@@ -194,9 +208,9 @@ async fn versions_reach_a_real_vllm_as_patches_in_place() {
 
     let mut previous = v1;
     for v in 2..=3u64 {
-        let next = stepped(&previous);
+        let (wire, next) = broadcast(&stepped(&previous));
         let published = Instant::now();
-        weights_tx.send(versioned(v, copy(&next))).unwrap();
+        weights_tx.send(versioned(v, wire)).unwrap();
         wait_serving(&mut serving, v).await;
         let took = published.elapsed().as_secs_f64();
         let rs = group(&engine, &prompt).await;

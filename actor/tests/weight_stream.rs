@@ -183,7 +183,7 @@ fn adapters_load_only_onto_the_base_they_name() {
         assert!(e.contains("does not hold"), "{e}");
     }
     match load(Some(&held(fp))).unwrap() {
-        Loaded::Policy(v) => assert!(v.policy.model.lora.is_some() && v.version == 4),
+        Loaded::Policy(v) => assert!(v.policy().unwrap().model.lora.is_some() && v.version == 4),
         Loaded::Base(_) => panic!("adapters loaded as a base"),
     }
 }

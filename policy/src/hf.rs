@@ -107,31 +107,31 @@ pub fn load(dir: &Path, device: &Device) -> Result<Policy, LoadError> {
 /// [`crate::peft::write_dir`] for the adapters alone). Streams to the
 /// file: no second copy of the weights in memory.
 pub fn save(policy: &Policy, dir: &Path) -> Result<(), LoadError> {
-    write_config(policy, dir)?;
+    write_config(&policy.config, dir)?;
     let path = dir.join("model.safetensors");
     let store = SafetensorsStore::from_file(&path);
     export(policy, store).map_err(|e| file_err(&path, e))?;
     Ok(())
 }
 
-/// [`save`] of weights already exported by [`to_safetensors`].
-pub fn save_bytes(policy: &Policy, dir: &Path, safetensors: &[u8]) -> Result<(), LoadError> {
-    write_config(policy, dir)?;
+/// [`save`] of weights already exported, by [`to_safetensors`] or
+/// [`crate::hf_layout::Layout::export`], for a model of `config`.
+pub fn save_bytes(config: &ModelConfig, dir: &Path, safetensors: &[u8]) -> Result<(), LoadError> {
+    write_config(config, dir)?;
     let path = dir.join("model.safetensors");
     std::fs::write(&path, safetensors).map_err(|e| file_err(&path, e))
 }
 
 /// The weights as one safetensors file in transformers' names and layout
-/// (LoRA adapters merged), in memory: what [`save`] writes, and what a
-/// weight patch for an engine is diffed against ([`crate::hf_patch`]).
+/// (LoRA adapters merged), in memory: what [`save`] writes.
 pub fn to_safetensors(policy: &Policy) -> Result<Vec<u8>, String> {
     let store = export(policy, SafetensorsStore::from_bytes(None))?;
     store.get_bytes().map_err(|e| e.to_string())
 }
 
-fn write_config(policy: &Policy, dir: &Path) -> Result<(), LoadError> {
+fn write_config(config: &ModelConfig, dir: &Path) -> Result<(), LoadError> {
     std::fs::create_dir_all(dir).map_err(|e| file_err(dir, e))?;
-    let config = policy.config.to_hf_json();
+    let config = config.to_hf_json();
     let path = dir.join("config.json");
     let text = serde_json::to_string_pretty(&config).map_err(|e| file_err(&path, e))?;
     std::fs::write(&path, text).map_err(|e| file_err(&path, e))

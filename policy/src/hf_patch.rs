@@ -1,16 +1,18 @@
 //! A weight patch for an inference engine: the elements that changed
-//! between two exports of one model ([`crate::hf::to_safetensors`]), in
-//! transformers' names, as one safetensors file the engine's weight
-//! transfer reads (bapo's `bapo_shm` engine, `actor/vllm/bapo_vllm_ext.py`).
+//! between two versions of one model, in transformers' names and layout,
+//! as one safetensors file the engine's weight transfer reads (bapo's
+//! `bapo_shm` engine, `actor/vllm/bapo_vllm_ext.py`). Made from two
+//! payloads of the weight stream by [`crate::hf_layout::Layout::patch`].
 //!
-//! For each tensor with a change: `<name>@idx` (I64, flat indices in
-//! ascending order, each once) and `<name>@val` (the new values, in the
-//! export's dtype), and the tensor's shape in the header metadata under
-//! `shape:<name>` (`"576,1536"`). Tensors that did not change are absent.
+//! For each tensor with a change: `<name>@idx` (I64, flat indices into
+//! the HF tensor, each once, in no set order) and `<name>@val` (the new
+//! values, in the payload's dtype: the engine casts them), and the
+//! tensor's shape in the header metadata under `shape:<name>`
+//! (`"576,1536"`). Tensors that did not change are absent.
 
 use std::collections::HashMap;
 
-use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use safetensors::{Dtype, tensor::TensorView};
 
 /// Suffixes and metadata prefix of the patch format (the engine reads
 /// the same names).
@@ -36,45 +38,16 @@ pub struct Patch {
     pub total: usize,
 }
 
-/// The patch that turns the export `old` into `new` (same names, shapes
-/// and dtypes). Elements compare by their bits, so a patch applied to
-/// `old` gives `new` exactly.
-pub fn diff(old: &[u8], new: &[u8]) -> Result<Patch, PatchError> {
-    let read = |b| SafeTensors::deserialize(b).map_err(|e| PatchError::Read(e.to_string()));
-    let (old, new) = (read(old)?, read(new)?);
-    let mut names: Vec<String> = new.names().into_iter().map(str::to_string).collect();
-    names.sort();
-    let mut changes = Vec::new();
-    let (mut changed, mut total) = (0, 0);
-    for name in names {
-        let n = new
-            .tensor(&name)
-            .map_err(|e| PatchError::Read(e.to_string()))?;
-        let o = old
-            .tensor(&name)
-            .map_err(|_| PatchError::Layout(format!("{name} is new")))?;
-        if o.shape() != n.shape() || o.dtype() != n.dtype() {
-            return Err(PatchError::Layout(format!("{name} changed shape or dtype")));
-        }
-        let word = n.dtype().bitsize() / 8;
-        total += n.data().len() / word;
-        let (idx, val) = changed_elements(o.data(), n.data(), word);
-        if !idx.is_empty() {
-            changed += idx.len() / 8;
-            changes.push((name, n.dtype(), n.shape().to_vec(), idx, val));
-        }
-    }
-    Ok(Patch {
-        bytes: serialize(&changes)?,
-        changed,
-        total,
-    })
-}
-
-/// Flat indices (little-endian i64 bytes) and new values of the elements
-/// of `word` bytes whose bits differ. Equal blocks are skipped whole (a
-/// vectorised compare): after a small step most elements are unchanged.
-fn changed_elements(old: &[u8], new: &[u8], word: usize) -> (Vec<u8>, Vec<u8>) {
+/// Flat indices (little-endian i64 bytes, element `i` at `index(i)`) and
+/// new values of the elements of `word` bytes whose bits differ. Equal
+/// blocks are skipped whole (a vectorised compare): after a small step
+/// most elements are unchanged.
+pub(crate) fn changed_elements(
+    old: &[u8],
+    new: &[u8],
+    word: usize,
+    index: impl Fn(usize) -> usize,
+) -> (Vec<u8>, Vec<u8>) {
     const BLOCK: usize = 64;
     let (mut idx, mut val) = (Vec::new(), Vec::new());
     for (b, (ob, nb)) in old.chunks(BLOCK).zip(new.chunks(BLOCK)).enumerate() {
@@ -84,7 +57,7 @@ fn changed_elements(old: &[u8], new: &[u8], word: usize) -> (Vec<u8>, Vec<u8>) {
         let first = b * BLOCK / word;
         for (i, (o, n)) in ob.chunks_exact(word).zip(nb.chunks_exact(word)).enumerate() {
             if o != n {
-                idx.extend_from_slice(&((first + i) as i64).to_le_bytes());
+                idx.extend_from_slice(&(index(first + i) as i64).to_le_bytes());
                 val.extend_from_slice(n);
             }
         }
@@ -92,9 +65,10 @@ fn changed_elements(old: &[u8], new: &[u8], word: usize) -> (Vec<u8>, Vec<u8>) {
     (idx, val)
 }
 
-type Change = (String, Dtype, Vec<usize>, Vec<u8>, Vec<u8>);
+/// A tensor's changes: name, dtype, shape, indices, values.
+pub(crate) type Change = (String, Dtype, Vec<usize>, Vec<u8>, Vec<u8>);
 
-fn serialize(changes: &[Change]) -> Result<Vec<u8>, PatchError> {
+pub(crate) fn serialize(changes: &[Change]) -> Result<Vec<u8>, PatchError> {
     let mut views = Vec::new();
     let mut meta = HashMap::new();
     for (name, dtype, shape, idx, val) in changes {
@@ -116,41 +90,31 @@ fn serialize(changes: &[Change]) -> Result<Vec<u8>, PatchError> {
 
 #[cfg(test)]
 mod tests {
+    use safetensors::SafeTensors;
+
     use super::*;
 
-    fn export(tensors: &[(&str, Vec<f32>)]) -> Vec<u8> {
-        let bytes: Vec<(String, Vec<u8>, usize)> = tensors
-            .iter()
-            .map(|(n, v)| {
-                let b = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                (n.to_string(), b, v.len())
-            })
-            .collect();
-        let views: Vec<_> = bytes
-            .iter()
-            .map(|(n, b, len)| {
-                (
-                    n.clone(),
-                    TensorView::new(Dtype::F32, vec![*len], b).unwrap(),
-                )
-            })
-            .collect();
-        safetensors::serialize(views, None).unwrap()
+    fn bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn indices(v: &[i64]) -> Vec<u8> {
+        v.iter().flat_map(|i| i.to_le_bytes()).collect()
     }
 
     #[test]
     fn a_patch_holds_the_changed_elements_by_name() {
-        let old = export(&[("a", vec![1.0, 2.0, 3.0]), ("b", vec![4.0, 5.0])]);
-        let new = export(&[("a", vec![1.0, 2.5, 3.0]), ("b", vec![4.0, 5.0])]);
-        let p = diff(&old, &new).unwrap();
-        assert_eq!((p.changed, p.total), (1, 5));
-        let t = SafeTensors::deserialize(&p.bytes).unwrap();
+        let (old, new) = (bytes(&[1.0, 2.0, 3.0]), bytes(&[1.0, 2.5, 3.0]));
+        let (idx, val) = changed_elements(&old, &new, 4, |i| i);
+        let change = ("a".to_string(), Dtype::F32, vec![3], idx, val);
+        let patch = serialize(&[change]).unwrap();
+        let t = SafeTensors::deserialize(&patch).unwrap();
         let mut names: Vec<_> = t.names().into_iter().map(str::to_string).collect();
         names.sort();
         assert_eq!(names, ["a@idx", "a@val"]);
         assert_eq!(t.tensor("a@idx").unwrap().data(), 1i64.to_le_bytes());
         assert_eq!(t.tensor("a@val").unwrap().data(), 2.5f32.to_le_bytes());
-        let (_, meta) = SafeTensors::read_metadata(&p.bytes).unwrap();
+        let (_, meta) = SafeTensors::read_metadata(&patch).unwrap();
         assert_eq!(meta.metadata().as_ref().unwrap()["shape:a"], "3");
     }
 
@@ -160,20 +124,11 @@ mod tests {
         let mut new = old.clone();
         new[33] = -1.0;
         new[39] = -2.0;
-        let p = diff(&export(&[("w", old)]), &export(&[("w", new)])).unwrap();
-        let t = SafeTensors::deserialize(&p.bytes).unwrap();
-        let idx: Vec<u8> = [33i64, 39].iter().flat_map(|i| i.to_le_bytes()).collect();
-        assert_eq!(t.tensor("w@idx").unwrap().data(), &idx[..]);
-        let val: Vec<u8> = [-1f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert_eq!(t.tensor("w@val").unwrap().data(), &val[..]);
-    }
-
-    #[test]
-    fn exports_of_other_models_are_refused() {
-        let old = export(&[("a", vec![1.0, 2.0])]);
-        let new = export(&[("a", vec![1.0, 2.0, 3.0])]);
-        assert!(matches!(diff(&old, &new), Err(PatchError::Layout(_))));
-        let other = export(&[("b", vec![1.0, 2.0])]);
-        assert!(matches!(diff(&old, &other), Err(PatchError::Layout(_))));
+        let (idx, val) = changed_elements(&bytes(&old), &bytes(&new), 4, |i| i);
+        assert_eq!(idx, indices(&[33, 39]));
+        assert_eq!(val, bytes(&[-1.0, -2.0]));
+        // And where the tensor's order differs from the stored one.
+        let (idx, _) = changed_elements(&bytes(&old), &bytes(&new), 4, |i| 100 - i);
+        assert_eq!(idx, indices(&[67, 61]));
     }
 }

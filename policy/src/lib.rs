@@ -15,6 +15,7 @@ pub mod device;
 pub mod evaluate;
 pub mod generate;
 pub mod hf;
+pub mod hf_layout;
 pub mod hf_patch;
 pub mod kernels;
 pub mod logprob;

@@ -15,17 +15,19 @@
 //!   applies deltas and checks the CRC32, without decoding: what the
 //!   learner and the wire cost at 1, 4, 16 subscribers.
 //!
-//! Beside them, the actor's side of the two ways into a vLLM engine: the
-//! HF safetensors directory the file reload needs (the reference), and
-//! the export and patch the weight-transfer path sends instead (vLLM's own
-//! work comes on top of both, docs/vllm.md).
+//! Beside them, the actor's side of the two ways into a vLLM engine, from
+//! the payload as it came: the HF safetensors directory the file reload
+//! needs, and the patch the weight-transfer path sends instead; and the
+//! decode and export a vLLM actor did per version before (vLLM's own work
+//! comes on top of all of them, docs/vllm.md).
 
 use std::{sync::Arc, time::Instant};
 
 use bapo_actor::subscription::{self, Versioned};
 use bapo_learner::broadcast::WeightHub;
 use bapo_policy::{
-    ModelConfig, Precision, burn::prelude::*, delta, model::Transformer, weights::Encoding,
+    ModelConfig, Precision, burn::prelude::*, delta, hf_layout::Layout, model::Transformer,
+    weights::Encoding,
 };
 use bapo_proto::v1::{
     SubscribeRequest, WeightUpdate, weight_message::Kind, weight_source_client::WeightSourceClient,
@@ -181,51 +183,50 @@ fn versions(config: &ModelConfig, lr: f64, n: usize) -> anyhow::Result<Vec<Arc<T
     Ok(out)
 }
 
-/// The actor's side of the two engine paths, for one version: the file
-/// reload's HF safetensors directory (vLLM then reloads all of it), and
-/// the transfer path's export and patch against the version before
-/// (vLLM then writes only the patch in place).
+/// The actor's side of the engine paths, for one version as a vLLM
+/// actor gets it (the bf16 payload as it came): the file reload's HF
+/// safetensors directory (vLLM then reloads all of it); the transfer
+/// path's patch against the version before, made from the two payloads
+/// (vLLM then writes only the patch in place); and, as the reference,
+/// what the actor did per version before it kept payloads: decode into a
+/// Burn model and export it (a diff of two exports came on top).
 async fn reference(config: &ModelConfig, versions: &[Arc<Transformer>]) -> anyhow::Result<()> {
-    // As a vLLM actor holds them from a bf16 stream: rounded to bf16.
-    let policy = |m: &Arc<Transformer>| -> anyhow::Result<bapo_policy::Policy> {
-        let device = Device::flex();
+    let payload = |m: &Arc<Transformer>| -> anyhow::Result<_> {
         let (header, payload) = bapo_policy::weights::encode_as(m, 0, Encoding::Bf16)?;
-        let fresh = Transformer::init(config, &device);
-        let model =
-            bapo_policy::weights::decode_as(&header, Encoding::Bf16, payload.to_vec(), fresh)?;
-        let model = bapo_policy::weights::for_inference(model, Precision::F32);
-        Ok(bapo_policy::Policy::with_model(
-            config.clone(),
-            model,
-            &device,
-        ))
+        Ok((header, payload.to_vec()))
     };
     let dir = tempfile::tempdir()?;
-    let (mut write, mut export, mut patch) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut write, mut patch, mut decode_export) = (Vec::new(), Vec::new(), Vec::new());
     let mut last = None;
     for (i, pair) in versions.windows(2).enumerate() {
-        let (old, new) = (policy(&pair[0])?, policy(&pair[1])?);
+        let ((_, old), (header, new)) = (payload(&pair[0])?, payload(&pair[1])?);
         let t = Instant::now();
-        bapo_policy::hf::save(&new, &dir.path().join(i.to_string()))?;
+        let layout = Layout::read(&new)?;
+        let export = layout.export(&new)?;
+        bapo_policy::hf::save_bytes(config, &dir.path().join(i.to_string()), &export)?;
         write.push(t.elapsed().as_secs_f64());
-        let held = bapo_policy::hf::to_safetensors(&old).map_err(anyhow::Error::msg)?;
         let t = Instant::now();
-        let fresh = bapo_policy::hf::to_safetensors(&new).map_err(anyhow::Error::msg)?;
-        export.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        let p = bapo_policy::hf_patch::diff(&held, &fresh)?;
+        let p = Layout::read(&new)?.patch(&old, &new)?;
         patch.push(t.elapsed().as_secs_f64());
         last = Some(p);
+        let t = Instant::now();
+        let device = Device::flex();
+        let fresh = Transformer::init(config, &device);
+        let model = bapo_policy::weights::decode_as(&header, Encoding::Bf16, new, fresh)?;
+        let model = bapo_policy::weights::for_inference(model, Precision::F32);
+        let policy = bapo_policy::Policy::with_model(config.clone(), model, &device);
+        bapo_policy::hf::to_safetensors(&policy).map_err(anyhow::Error::msg)?;
+        decode_export.push(t.elapsed().as_secs_f64());
     }
     println!(
-        "engine, file reload: the version (bf16-rounded, f32) as an HF safetensors directory, {:.3} s to write",
+        "engine, file reload: the bf16 payload as an HF safetensors directory, {:.3} s to write",
         super::median(write)
     );
     if let Some(p) = last {
         println!(
-            "engine, transfer: export {:.3} s + patch {:.3} s; {:.4} of the elements changed, patch {:.1} MB",
-            super::median(export),
+            "engine, transfer: patch from the two payloads {:.3} s (reference, the model path: decode + export {:.3} s); {:.4} of the elements changed, patch {:.1} MB",
             super::median(patch),
+            super::median(decode_export),
             p.changed as f64 / p.total as f64,
             p.bytes.len() as f64 / 1e6
         );
@@ -302,8 +303,7 @@ fn subscribe(
             url,
             None,
             format!("bench-{i}"),
-            Device::flex(),
-            Precision::F32,
+            subscription::Target::model(Device::flex(), Precision::F32),
             tx,
             stop,
         ));

@@ -373,8 +373,10 @@ pub fn follow(
         url,
         None,
         id.into(),
-        bapo_policy::burn::prelude::Device::flex(),
-        Default::default(),
+        bapo_actor::subscription::Target::model(
+            bapo_policy::burn::prelude::Device::flex(),
+            Default::default(),
+        ),
         cell_tx,
         stop_rx,
     ));

@@ -42,8 +42,7 @@ impl Model for SlotModel {
             return TurnMade::Skip("no_weights");
         };
         let room = start
-            .policy
-            .config
+            .config()
             .max_position_embeddings
             .saturating_sub(context.len());
         if room == 0 {

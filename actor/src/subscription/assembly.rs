@@ -5,11 +5,11 @@ use bapo_policy::{
     ModelConfig, Policy, Precision,
     burn::prelude::*,
     model::Transformer,
-    weights::{self, Payload, WeightsHeader},
+    weights::{self, Encoding, Payload, WeightsHeader},
 };
 use bapo_proto::v1::WeightUpdate;
 
-use super::Versioned;
+use super::{Versioned, Weights, Wire};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransferError {
@@ -67,15 +67,9 @@ impl Assembly {
         Ok(self.payload.len() as u64 == self.update.payload_len)
     }
 
-    /// Verifies and loads the weights on `device`, computing in (and
-    /// holding its weights in) `precision`: a new policy, or the LoRA base
-    /// later adapters apply to. Adapters need `base`, the one held.
-    pub fn finish(
-        self,
-        device: &Device,
-        precision: Precision,
-        base: Option<&Base>,
-    ) -> Result<Loaded, TransferError> {
+    /// The header's reading, checked against the update, and the model
+    /// config it carries.
+    fn checked(&self) -> Result<(WeightsHeader, Encoding, Payload, ModelConfig), TransferError> {
         let version = self.update.version;
         let invalid = |message: String| TransferError::Invalid { version, message };
         let (header, encoding, payload) =
@@ -92,6 +86,52 @@ impl Assembly {
         config
             .validate()
             .map_err(|e| invalid(format!("model config: {e}")))?;
+        Ok((header, encoding, payload, config))
+    }
+
+    /// Whether this update is a whole model to serve (not a LoRA base or
+    /// adapters).
+    pub fn is_whole_model(&self) -> bool {
+        !self.update.base
+            && WeightsHeader::read_any(&self.update.header)
+                .is_ok_and(|(_, _, p)| p == Payload::Model)
+    }
+
+    /// A whole model's payload, verified against its header and handed
+    /// on as it came: no model is built ([`super::Form::Wire`]).
+    pub fn into_wire(self) -> Result<Versioned, TransferError> {
+        let (header, encoding, _, config) = self.checked()?;
+        let version = self.update.version;
+        header
+            .verify(&self.payload)
+            .map_err(|e| TransferError::Invalid {
+                version,
+                message: e.to_string(),
+            })?;
+        Ok(Versioned {
+            version,
+            incarnation: self.update.incarnation,
+            weights: Weights::Wire(Box::new(Wire {
+                config,
+                encoding,
+                crc: header.crc32,
+                payload: self.payload,
+            })),
+        })
+    }
+
+    /// Verifies and loads the weights on `device`, computing in (and
+    /// holding its weights in) `precision`: a new policy, or the LoRA base
+    /// later adapters apply to. Adapters need `base`, the one held.
+    pub fn finish(
+        self,
+        device: &Device,
+        precision: Precision,
+        base: Option<&Base>,
+    ) -> Result<Loaded, TransferError> {
+        let version = self.update.version;
+        let invalid = |message: String| TransferError::Invalid { version, message };
+        let (header, encoding, payload, config) = self.checked()?;
         let incarnation = self.update.incarnation;
         let model = match payload {
             Payload::Model => {
@@ -129,11 +169,11 @@ impl Assembly {
                 weights::for_inference(model, precision)
             }
         };
-        Ok(Loaded::Policy(Box::new(Versioned {
+        Ok(Loaded::Policy(Box::new(Versioned::new(
             version,
             incarnation,
-            policy: Policy::with_model(config, model, device),
-        })))
+            Policy::with_model(config, model, device),
+        ))))
     }
 }
 

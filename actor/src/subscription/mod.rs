@@ -1,7 +1,9 @@
 //! Following the learner's weight stream: each announced version is
 //! reassembled from its chunks, checked against its header (length, CRC32,
 //! version, encoding) and loaded into a fresh model, which then replaces
-//! the current one for every generation of this actor. A broken or
+//! the current one for every generation of this actor. A vLLM actor takes
+//! whole models as their payload instead ([`Form::Wire`]): the engine
+//! computes, so no Burn model is built. A broken or
 //! corrupt transfer is dropped whole (the current weights stay) and the
 //! stream is reconnected with exponential backoff and jitter.
 //!
@@ -19,7 +21,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bapo_policy::{Policy, Precision, burn::prelude::*};
+use bapo_policy::{
+    ModelConfig, Policy, Precision,
+    adapters::Adapters,
+    burn::prelude::*,
+    model::Transformer,
+    weights::{self, Encoding, WeightsError},
+};
 use bapo_proto::{
     tls::{self, ClientTls},
     v1::{SubscribeRequest, weight_message::Kind, weight_source_client::WeightSourceClient},
@@ -35,20 +43,135 @@ mod deltas;
 pub use assembly::{Assembly, Base, Loaded, TransferError};
 use deltas::{Applied, Kept};
 
-/// A policy, the version it is, and the learner incarnation that
-/// published it (versions are comparable only within one incarnation's
-/// lineage: a resumed learner reuses version numbers).
+/// A version of the weights, the learner incarnation that published it
+/// (versions are comparable only within one incarnation's lineage: a
+/// resumed learner reuses version numbers), and the weights themselves.
 #[derive(Debug)]
 pub struct Versioned {
     pub version: u64,
     pub incarnation: u64,
-    pub policy: Policy,
+    pub weights: Weights,
+}
+
+/// The weights of a version, in the form its user wants them.
+#[derive(Debug)]
+pub enum Weights {
+    /// Loaded into a model to sample with: the Burn engine's form, and
+    /// every LoRA version's.
+    Model(Box<Policy>),
+    /// A whole model's payload as it came, never decoded: a vLLM actor
+    /// writes it into the engine (`bapo_policy::hf_layout`).
+    Wire(Box<Wire>),
+}
+
+/// A whole model's payload, checked against its header's CRC32.
+#[derive(Debug)]
+pub struct Wire {
+    pub config: ModelConfig,
+    pub encoding: Encoding,
+    pub crc: u32,
+    pub payload: Vec<u8>,
+}
+
+/// What [`follow`] loads versions into.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Where models are built, and the dtype they compute in.
+    pub device: Device,
+    pub precision: Precision,
+    /// Whole-model versions as models or as payloads.
+    pub form: Form,
+}
+
+impl Wire {
+    /// `model` (of `config`) as the learner broadcasts it, version 0:
+    /// what a vLLM actor receives.
+    pub fn encode(
+        config: &ModelConfig,
+        model: &Transformer,
+        encoding: Encoding,
+    ) -> Result<Self, WeightsError> {
+        let (header, payload) = weights::encode_as(model, 0, encoding)?;
+        Ok(Self {
+            config: config.clone(),
+            encoding,
+            crc: header.crc32,
+            payload: payload.to_vec(),
+        })
+    }
+}
+
+impl Target {
+    /// Every version as a model on `device`, computing in `precision`.
+    pub fn model(device: Device, precision: Precision) -> Self {
+        Self {
+            device,
+            precision,
+            form: Form::Model,
+        }
+    }
+}
+
+/// The form [`follow`] delivers whole-model versions in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// Decoded into a model on the actor's device (Burn engine).
+    Model,
+    /// The payload as it came (vLLM engine).
+    Wire,
 }
 
 impl Versioned {
+    /// A version loaded into a model.
+    pub fn new(version: u64, incarnation: u64, policy: Policy) -> Self {
+        Self {
+            version,
+            incarnation,
+            weights: Weights::Model(Box::new(policy)),
+        }
+    }
+
+    /// A version as its payload.
+    pub fn wire(version: u64, incarnation: u64, wire: Wire) -> Self {
+        Self {
+            version,
+            incarnation,
+            weights: Weights::Wire(Box::new(wire)),
+        }
+    }
+
     /// Whether `other` is a different set of weights from these.
     pub fn differs(&self, other: &Versioned) -> bool {
         self.version != other.version || self.incarnation != other.incarnation
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> &ModelConfig {
+        match &self.weights {
+            Weights::Model(p) => &p.config,
+            Weights::Wire(w) => &w.config,
+        }
+    }
+
+    /// The model, where these weights were loaded into one.
+    pub fn policy(&self) -> Option<&Policy> {
+        match &self.weights {
+            Weights::Model(p) => Some(p),
+            Weights::Wire(_) => None,
+        }
+    }
+
+    /// The model, where these weights were loaded into one.
+    pub fn into_policy(self) -> Option<Policy> {
+        match self.weights {
+            Weights::Model(p) => Some(*p),
+            Weights::Wire(_) => None,
+        }
+    }
+
+    /// The LoRA adapters, for a LoRA version.
+    pub fn lora(&self) -> Option<&Adapters> {
+        self.policy().and_then(|p| p.model.lora.as_ref())
     }
 }
 
@@ -97,8 +220,7 @@ pub async fn follow(
     url: String,
     tls: Option<ClientTls>,
     actor_id: String,
-    device: Device,
-    precision: Precision,
+    target: Target,
     cell: watch::Sender<Option<Arc<Versioned>>>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -106,7 +228,7 @@ pub async fn follow(
     let mut held = Holdings::default();
     loop {
         let result = tokio::select! {
-            r = stream_once(&url, tls.as_ref(), &actor_id, (&device, precision), &cell, &mut held, &mut backoff) => r,
+            r = stream_once(&url, tls.as_ref(), &actor_id, &target, &cell, &mut held, &mut backoff) => r,
             _ = stop.wait_for(|s| *s) => return,
         };
         if let Err(e) = result {
@@ -128,7 +250,7 @@ async fn stream_once(
     url: &str,
     tls: Option<&ClientTls>,
     actor_id: &str,
-    (device, precision): (&Device, Precision),
+    target: &Target,
     cell: &watch::Sender<Option<Arc<Versioned>>>,
     held: &mut Holdings,
     backoff: &mut Backoff,
@@ -160,7 +282,7 @@ async fn stream_once(
             None => continue,
         }
         let (assembly, started) = current.take().expect("an update is being assembled");
-        let Some(loaded) = load(assembly, (device, precision), held).await? else {
+        let Some(loaded) = load(assembly, target, held).await? else {
             continue;
         };
         histogram!(names::WEIGHT_APPLY_SECONDS).record(started.elapsed().as_secs_f64());
@@ -189,10 +311,14 @@ async fn stream_once(
 /// whole model's payload is kept for the deltas that follow.
 async fn load(
     assembly: Assembly,
-    (device, precision): (&Device, Precision),
+    target: &Target,
     held: &mut Holdings,
 ) -> anyhow::Result<Option<Versioned>> {
-    let device = device.clone();
+    let Target {
+        device,
+        precision,
+        form,
+    } = target.clone();
     let base = held.base.clone();
     let kept = held.kept.take();
     let is_delta = assembly.update().delta;
@@ -207,6 +333,10 @@ async fn load(
         };
         // A whole model's bytes as they came, for the next delta.
         let keep = kept.or_else(|| deltas::keepable(&assembly));
+        if form == Form::Wire && assembly.is_whole_model() {
+            let v = assembly.into_wire()?;
+            return Ok((keep, Some(Loaded::Policy(Box::new(v)))));
+        }
         let loaded = assembly.finish(&device, precision, base.as_ref())?;
         Ok((keep, Some(loaded)))
     };

@@ -49,6 +49,12 @@ pub struct VllmConfig {
     /// `bapo run` copies it): a started server gets runtime LoRA loading
     /// and each version is loaded as an adapter. 0: full weights.
     pub lora_rank: usize,
+    /// Each version after the first goes into the engine in place, as
+    /// what changed, through vLLM's weight-transfer API (bapo's
+    /// `bapo_shm` engine; a server at `url` needs `--weight-transfer-config
+    /// '{"backend": "bapo_shm"}'`). false: every version is reloaded from
+    /// a file.
+    pub weight_transfer: bool,
 }
 
 impl Default for VllmConfig {
@@ -69,6 +75,7 @@ impl Default for VllmConfig {
             reload_timeout_s: 120.0,
             max_restarts: 3,
             lora_rank: 0,
+            weight_transfer: true,
         }
     }
 }

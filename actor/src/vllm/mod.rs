@@ -170,6 +170,7 @@ pub fn start(
         lora_rank: cfg.lora_rank,
         lora: sync::LoraState::default(),
         transfer: sync::Transfer::default(),
+        weight_transfer: cfg.weight_transfer,
     };
     let loading = tokio::spawn(sync::follow(loader, weights, up_rx, ready_tx, stop));
     let background = tokio::spawn(async move {
@@ -199,7 +200,7 @@ impl Client {
     fn adapter(&self) -> Option<String> {
         let v = self.serving.borrow();
         v.as_ref()
-            .filter(|v| v.policy.model.lora.is_some())
+            .filter(|v| v.lora().is_some())
             .map(|v| group::label(v.incarnation, v.version))
     }
 

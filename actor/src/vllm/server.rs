@@ -110,7 +110,7 @@ impl Launch {
             .args(["--worker-extension-cls", EXTENSION_CLASS])
             // bapo's weight-transfer engine (the extension registers it):
             // versions arrive as patches, in place.
-            .args(["--weight-transfer-config", r#"{"backend": "bapo_shm"}"#])
+            .args(transfer_args(c.weight_transfer))
             .args(lora_args(c.lora_rank))
             .args(&c.extra_args)
             .env("PYTHONPATH", &self.ext_dir)
@@ -396,6 +396,14 @@ pub fn socket_in(private_dir: &Path) -> std::io::Result<PathBuf> {
 /// The extension module's directory inside `weights_dir`.
 pub fn ext_dir(weights_dir: &Path) -> PathBuf {
     weights_dir.join("ext")
+}
+
+/// The flag that sets up bapo's transfer engine, when it is wanted.
+fn transfer_args(on: bool) -> Vec<&'static str> {
+    match on {
+        true => vec!["--weight-transfer-config", r#"{"backend": "bapo_shm"}"#],
+        false => Vec::new(),
+    }
 }
 
 /// Runtime LoRA loading for adapters of rank `r` (none for 0): two

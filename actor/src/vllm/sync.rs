@@ -3,12 +3,16 @@
 //! temporary directory renamed into place), then the engine pauses,
 //! reloads it, relabels the tokens it makes from then on, and resumes.
 //!
-//! Once the engine holds a whole-model version the actor exported, the
-//! next ones go through vLLM's weight-transfer API instead (bapo's
-//! `bapo_shm` engine, `actor/vllm/bapo_vllm_ext.py`): the elements that
-//! changed since (`bapo_policy::hf_patch`) as one file, written into the
-//! engine's parameters in place. The file reload stays for the first
-//! load, after a server restart, for LoRA, and whenever a patch fails.
+//! A whole model arrives as the stream's payload, never decoded into a
+//! Burn model (`subscription::Form::Wire`): `bapo_policy::hf_layout`
+//! reads it as the HF checkpoint it stands for. Once the engine holds a
+//! version of ours, the next ones go through vLLM's weight-transfer API
+//! instead of a reload (bapo's `bapo_shm` engine,
+//! `actor/vllm/bapo_vllm_ext.py`): the elements whose bits changed
+//! between the two payloads (`bapo_policy::hf_patch`) as one file,
+//! written into the engine's parameters in place. The file reload stays
+//! for the first load, after a server restart, for LoRA, and whenever a
+//! patch fails or would not be smaller than the weights.
 //!
 //! The directory holds what a load needs and no more: before a version
 //! is written, every other version of bapo's there goes (the engine keeps
@@ -29,6 +33,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::Context;
+use bapo_policy::hf_layout::Layout;
 use metrics::{counter, histogram};
 use tokio::sync::watch;
 
@@ -40,7 +46,7 @@ use super::{
 use crate::{
     backoff::Backoff,
     metrics as names,
-    subscription::{PolicyCell, Versioned},
+    subscription::{PolicyCell, Versioned, Weights},
     update_mode::UpdateMode,
 };
 
@@ -55,15 +61,10 @@ pub struct Loader {
     pub lora_rank: usize,
     /// Under LoRA: what the engine holds since it last came up.
     pub lora: LoraState,
-    /// The weight-transfer path: what the engine holds, as exported.
+    /// The weight-transfer path: what the engine holds, as its payload.
     pub transfer: Transfer,
-}
-
-/// Whether a version went in as a patch; if not, the export made on
-/// the way, for the file reload to write.
-enum Patched {
-    Yes,
-    No(Option<Vec<u8>>),
+    /// `actor.vllm.weight_transfer`: false, every version is reloaded.
+    pub weight_transfer: bool,
 }
 
 /// How a version's weights get into the engine.
@@ -80,9 +81,9 @@ pub struct Transfer {
     /// Whether the server's `bapo_shm` engine is set up; `None` until
     /// asked (once per server start).
     ready: Option<bool>,
-    /// The safetensors export of the version the engine holds (the base a
-    /// patch is made against); `None` after a failure or a restart.
-    held: Option<Vec<u8>>,
+    /// The version the engine holds, as its payload (the base a patch
+    /// is made against); `None` after a failure or a restart.
+    held: Option<Arc<Versioned>>,
 }
 
 /// The base and adapters a server holds (LoRA only).
@@ -178,11 +179,11 @@ impl Loader {
     /// One version into the engine: adapters beside the base under LoRA,
     /// else the whole model.
     async fn load(&mut self, v: &Arc<Versioned>) -> anyhow::Result<()> {
-        match &v.policy.model.lora {
-            Some(adapters) => {
-                if self.lora.base != Some(adapters.base) {
+        match v.lora().map(|a| a.base) {
+            Some(base) => {
+                if self.lora.base != Some(base) {
                     self.load_base(v).await?;
-                    self.lora.base = Some(adapters.base);
+                    self.lora.base = Some(base);
                 }
                 self.load_adapter(v).await
             }
@@ -194,23 +195,17 @@ impl Loader {
     /// model (once per base and server start): the server may have
     /// started from another directory than the learner's base.
     async fn load_base(&self, v: &Arc<Versioned>) -> anyhow::Result<()> {
-        let mut base = v.policy.model.clone();
+        let policy = v.policy().context("a LoRA version is loaded as a model")?;
+        let mut base = policy.model.clone();
         base.lora = None;
-        let base = Arc::new(Versioned {
-            version: 0,
-            incarnation: v.incarnation,
-            policy: bapo_policy::Policy::with_model(
-                v.policy.config.clone(),
-                base,
-                &v.policy.device(),
-            ),
-        });
-        let name = format!(
-            "base-{:016x}",
-            v.policy.model.lora.as_ref().map_or(0, |a| a.base)
-        );
+        let base = Arc::new(Versioned::new(
+            0,
+            v.incarnation,
+            bapo_policy::Policy::with_model(policy.config.clone(), base, &policy.device()),
+        ));
+        let name = format!("base-{:016x}", v.lora().map_or(0, |a| a.base));
         weights_dir::prune(&self.weights_dir, |n| n == name);
-        let (dir, _) = self.write(&base, &name, None).await?;
+        let dir = self.write(&base, &name).await?;
         self.swap(Load::Reload(&dir), UNKNOWN).await
     }
 
@@ -273,7 +268,7 @@ impl Loader {
         let tmp = self.weights_dir.join(format!(".tmp-{name}"));
         let (v, t, d) = (v.clone(), tmp.clone(), dir.clone());
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-            let adapters = v.policy.model.lora.as_ref().expect("a LoRA version");
+            let adapters = v.lora().context("a LoRA version")?;
             let meta = bapo_policy::peft::AdapterMeta {
                 alpha: adapters.scale * adapters.rank() as f64,
                 base: adapters.base,
@@ -296,9 +291,9 @@ impl Loader {
         let t0 = Instant::now();
         let name = label(v.incarnation, v.version);
         let path = match self.patch(v, &name).await {
-            Ok(Patched::Yes) => "transfer",
-            Ok(Patched::No(export)) => {
-                self.reload_full(v, &name, export).await?;
+            Ok(true) => "transfer",
+            Ok(false) => {
+                self.reload_full(v, &name).await?;
                 "reload"
             }
             Err(e) => {
@@ -306,7 +301,7 @@ impl Loader {
                     counter!(names::ENGINE_TRANSFER_FALLBACKS).increment(1);
                     tracing::warn!("weights {name} as a patch: {e:#}; reloading from a file");
                 }
-                self.reload_full(v, &name, None).await?;
+                self.reload_full(v, &name).await?;
                 "reload"
             }
         };
@@ -320,36 +315,71 @@ impl Loader {
         Ok(())
     }
 
-    /// `v` into the engine from an HF directory (from `export` when it
-    /// was made already); the export is kept for the patches that follow,
-    /// unless the server has no transfer engine.
-    async fn reload_full(
-        &mut self,
-        v: &Arc<Versioned>,
-        name: &str,
-        export: Option<Vec<u8>>,
-    ) -> anyhow::Result<()> {
+    /// `v` into the engine from an HF directory; a payload is kept for
+    /// the patches that follow, unless the server has no transfer engine.
+    async fn reload_full(&mut self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<()> {
         self.transfer.held = None;
         weights_dir::prune(&self.weights_dir, |n| n == name);
-        let (dir, export) = self.write(v, name, export).await?;
+        let dir = self.write(v, name).await?;
         self.swap(Load::Reload(&dir), name).await?;
-        if self.transfer.ready != Some(false) {
-            self.transfer.held = Some(export);
+        let engine = self.weight_transfer && self.transfer.ready != Some(false);
+        if engine && matches!(v.weights, Weights::Wire(_)) {
+            self.transfer.held = Some(v.clone());
         }
         Ok(())
     }
 
     /// `v` as the elements that changed since the version the engine
-    /// holds, through the transfer engine; [`Patched::No`] when a patch
-    /// would not pay (no engine, nothing held, or most elements changed:
-    /// f32 broadcasts under AdamW) and the file reload is the way. Any
-    /// error leaves the patch path until the next file reload (the
-    /// engine's weights are then unknown to the actor: the reload sets
-    /// them).
-    async fn patch(&mut self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<Patched> {
+    /// holds, through the transfer engine; `false` when a patch would not
+    /// pay (no engine, nothing held, or most elements changed: f32
+    /// broadcasts under AdamW) and the file reload is the way. Any error
+    /// leaves the patch path until the next file reload (the engine's
+    /// weights are then unknown to the actor: the reload sets them).
+    async fn patch(&mut self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<bool> {
         let Some(held) = self.transfer.held.take() else {
-            return Ok(Patched::No(None));
+            return Ok(false);
         };
+        if !self.transfer_ready().await {
+            return Ok(false);
+        }
+        let (Weights::Wire(old), Weights::Wire(new)) = (&held.weights, &v.weights) else {
+            return Ok(false);
+        };
+        let layout = Layout::read(&new.payload)?;
+        let patch = layout.patch(&old.payload, &new.payload)?;
+        // Indices and values of most elements: larger than the weights.
+        if patch.bytes.len() >= new.payload.len() {
+            return Ok(false);
+        }
+        let dir = self.weights_dir.join(format!(".tmp-{name}"));
+        let file = std::path::absolute(dir.join("patch.safetensors"))?;
+        let (f, d, bytes) = (file.clone(), dir.clone(), patch.bytes);
+        let size = bytes.len();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d)?;
+            std::fs::write(&f, bytes)
+        })
+        .await??;
+        counter!(names::ENGINE_PATCH_BYTES).increment(size as u64);
+        let applied = self.swap(Load::Patch(&file), name).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        applied?;
+        tracing::debug!(
+            "weights {name} as a patch: {} of {} elements, {size} bytes",
+            patch.changed,
+            patch.total,
+        );
+        self.transfer.held = Some(v.clone());
+        Ok(true)
+    }
+
+    /// Whether the server's transfer engine is set up (asked once per
+    /// server start).
+    async fn transfer_ready(&mut self) -> bool {
+        if !self.weight_transfer {
+            return false;
+        }
         if self.transfer.ready.is_none() {
             let ready = self.api.init_transfer(self.reload_timeout).await;
             if let Err(e) = &ready {
@@ -359,41 +389,7 @@ impl Loader {
             }
             self.transfer.ready = Some(ready.is_ok());
         }
-        if self.transfer.ready != Some(true) {
-            return Ok(Patched::No(None));
-        }
-        let (policy, dir) = (v.clone(), self.weights_dir.join(format!(".tmp-{name}")));
-        let file = std::path::absolute(dir.join("patch.safetensors"))?;
-        let (f, d) = (file.clone(), dir.clone());
-        let (export, patch) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-            let export =
-                bapo_policy::hf::to_safetensors(&policy.policy).map_err(anyhow::Error::msg)?;
-            let patch = bapo_policy::hf_patch::diff(&held, &export)?;
-            // Indices and values of most elements: larger than the weights.
-            let pays = patch.bytes.len() < export.len();
-            if pays {
-                let _ = std::fs::remove_dir_all(&d);
-                std::fs::create_dir_all(&d)?;
-                std::fs::write(&f, &patch.bytes)?;
-            }
-            Ok((export, pays.then_some(patch)))
-        })
-        .await??;
-        let Some(patch) = patch else {
-            return Ok(Patched::No(Some(export)));
-        };
-        counter!(names::ENGINE_PATCH_BYTES).increment(patch.bytes.len() as u64);
-        let applied = self.swap(Load::Patch(&file), name).await;
-        let _ = std::fs::remove_dir_all(&dir);
-        applied?;
-        tracing::debug!(
-            "weights {name} as a patch: {} of {} elements, {} bytes",
-            patch.changed,
-            patch.total,
-            patch.bytes.len()
-        );
-        self.transfer.held = Some(export);
-        Ok(Patched::Yes)
+        self.transfer.ready == Some(true)
     }
 
     /// Pause, load in place, label what follows `name`, resume.
@@ -428,38 +424,34 @@ impl Loader {
         Ok(())
     }
 
-    /// Writes `v` to `<weights_dir>/<name>` (over anything there), from
-    /// `export` when it was made already, and returns the directory and
-    /// the safetensors export written.
-    async fn write(
-        &self,
-        v: &Arc<Versioned>,
-        name: &str,
-        export: Option<Vec<u8>>,
-    ) -> anyhow::Result<(PathBuf, Vec<u8>)> {
+    /// Writes `v` to `<weights_dir>/<name>` (over anything there) and
+    /// returns the directory.
+    async fn write(&self, v: &Arc<Versioned>, name: &str) -> anyhow::Result<PathBuf> {
         let dir = self.weights_dir.join(name);
         let tmp = self.weights_dir.join(format!(".tmp-{name}"));
         let (v, t, d) = (v.clone(), tmp.clone(), dir.clone());
-        let export = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<u8>> {
-            let export = match export {
-                Some(e) => e,
-                None => bapo_policy::hf::to_safetensors(&v.policy).map_err(anyhow::Error::msg)?,
+        tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+            let export = match &v.weights {
+                Weights::Wire(w) => Layout::read(&w.payload)?.export(&w.payload)?,
+                Weights::Model(p) => {
+                    bapo_policy::hf::to_safetensors(p).map_err(anyhow::Error::msg)?
+                }
             };
             let _ = std::fs::remove_dir_all(&t);
             let _ = std::fs::remove_dir_all(&d);
-            bapo_policy::hf::save_bytes(&v.policy, &t, &export)?;
+            bapo_policy::hf::save_bytes(v.config(), &t, &export)?;
             std::fs::rename(&t, &d)?;
-            Ok(export)
+            Ok(())
         })
         .await??;
-        Ok((dir, export))
+        Ok(dir)
     }
 }
 
 /// Refuses adapters the engine cannot load: LoRA versions into an engine
 /// set up without LoRA, or of a rank above the one it was set up for.
 fn check_lora(configured: usize, v: &Versioned) -> Result<(), SyncError> {
-    let Some(adapters) = &v.policy.model.lora else {
+    let Some(adapters) = v.lora() else {
         return Ok(());
     };
     let rank = adapters.rank();
@@ -481,7 +473,7 @@ async fn check_model(api: &Api, v: &Versioned) -> Result<(), SyncError> {
             return Ok(());
         }
     };
-    let c = &v.policy.config;
+    let c = v.config();
     let want = [
         ("vocab_size", c.vocab_size),
         ("hidden_size", c.hidden_size),
@@ -512,11 +504,7 @@ mod tests {
     use super::*;
 
     fn version(v: u64) -> Arc<Versioned> {
-        Arc::new(Versioned {
-            version: v,
-            incarnation: 1,
-            policy: bapo_policy::testing::tiny_policy(v),
-        })
+        Arc::new(Versioned::new(v, 1, bapo_policy::testing::tiny_policy(v)))
     }
 
     fn versions_in(dir: &Path) -> Vec<String> {
@@ -539,6 +527,7 @@ mod tests {
             lora_rank: 0,
             lora: LoraState::default(),
             transfer: Transfer::default(),
+            weight_transfer: true,
         }
     }
 
@@ -566,11 +555,11 @@ mod tests {
         };
         let model = bapo_policy::lora::attach(p.model.clone(), &p.config, &lora);
         let device = p.device();
-        let v = Arc::new(Versioned {
-            version: 1,
-            incarnation: 1,
-            policy: bapo_policy::Policy::with_model(p.config.clone(), model, &device),
-        });
+        let v = Arc::new(Versioned::new(
+            1,
+            1,
+            bapo_policy::Policy::with_model(p.config.clone(), model, &device),
+        ));
         for configured in [0, 4] {
             let e = check_lora(configured, &v).unwrap_err().to_string();
             assert!(
