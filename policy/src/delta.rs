@@ -145,8 +145,14 @@ impl DeltaHeader {
 /// neither version and must be dropped (the subscriber then asks for a
 /// full snapshot).
 pub fn apply_in_place(payload: &mut [u8], delta: &[u8]) -> Result<(), DeltaError> {
+    apply_in_place_known(payload, crc32fast::hash(payload), delta)
+}
+
+/// [`apply_in_place`] to a payload whose CRC32 is `held` (a subscriber
+/// knows the CRC of the bytes it keeps: checked when they arrived or
+/// were built), saving a pass over the weights.
+pub fn apply_in_place_known(payload: &mut [u8], held: u32, delta: &[u8]) -> Result<(), DeltaError> {
     let h = DeltaHeader::read(delta)?;
-    let held = crc32fast::hash(payload);
     if held != h.base_crc {
         return Err(DeltaError::WrongBase {
             want: h.base_crc,
@@ -297,6 +303,23 @@ mod tests {
             apply_in_place(&mut held, &d),
             Err(DeltaError::WrongBase { .. })
         ));
+        assert_eq!(held, new);
+    }
+
+    /// A subscriber that names the CRC of the bytes it keeps is held to
+    /// it: a delta made against other bytes is refused before a write.
+    #[test]
+    fn a_known_crc_must_be_the_base_the_delta_names() {
+        let (base, new) = (words(&[1, 2, 3]), words(&[1, 5, 3]));
+        let d = diff(&base, &new, 2).unwrap();
+        let mut held = base.clone();
+        let other = crc32fast::hash(&new);
+        assert!(matches!(
+            apply_in_place_known(&mut held, other, &d),
+            Err(DeltaError::WrongBase { .. })
+        ));
+        assert_eq!(held, base);
+        apply_in_place_known(&mut held, crc32fast::hash(&base), &d).unwrap();
         assert_eq!(held, new);
     }
 

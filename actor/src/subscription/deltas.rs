@@ -74,7 +74,7 @@ pub fn apply(kept: Option<Kept>, a: Assembly) -> Result<Applied, TransferError> 
             )
         })?;
     let h = DeltaHeader::read(&a.payload).map_err(|e| refused(e.reason(), e.to_string()))?;
-    delta::apply_in_place(&mut k.bytes, &a.payload)
+    delta::apply_in_place_known(&mut k.bytes, k.crc, &a.payload)
         .map_err(|e| refused(e.reason(), e.to_string()))?;
     k.version = u.version;
     k.crc = h.result_crc;
