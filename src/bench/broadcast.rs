@@ -57,6 +57,11 @@ pub struct BroadcastBenchArgs {
     /// The most subscribers that load each version into a model.
     #[arg(long, default_value_t = 4)]
     pub serving_max: usize,
+    /// Also publish the versions to a vLLM actor (needs
+    /// scripts/vllm-env.sh): publish to serving through the engine's
+    /// weight-transfer path, beside reloading files.
+    #[arg(long)]
+    pub vllm: bool,
 }
 
 /// How versions travel in one measurement.
@@ -127,6 +132,9 @@ pub async fn run(a: BroadcastBenchArgs) -> anyhow::Result<()> {
         let versions = versions(&config, a.lr, a.updates as usize + 1)?;
         if a.lr > 0.0 {
             reference(&config, &versions).await?;
+        }
+        if a.vllm {
+            super::vllm_publish::run(&config, &versions).await?;
         }
         println!(
             "{:<11} {:>11} {:>9} {:>12} {:>10} {:>11} {:>11}",

@@ -18,6 +18,7 @@ pub mod model;
 pub mod parity;
 mod redis_streams;
 pub mod soak;
+pub mod vllm_publish;
 pub mod weights;
 mod workload;
 
