@@ -194,16 +194,18 @@ fn slot(name: &str, d: Descriptor, data_start: usize, len: usize) -> Result<Slot
         DType::F16 => Dtype::F16,
         other => return Err(format!("{name} is {other:?}, not a float of 16 or 32 bits")),
     };
+    let misfit = || format!("{name}: its bytes do not fit its shape or the payload");
     let stored: Vec<usize> = d.shape.iter().map(|&x| x as usize).collect();
-    let bytes = stored.iter().product::<usize>() * dtype.bitsize() / 8;
-    let (start, end) = (
-        data_start + d.data_offsets.0 as usize,
-        data_start + d.data_offsets.1 as usize,
-    );
+    let bytes = stored
+        .iter()
+        .try_fold(dtype.bitsize() / 8, |n, &x| n.checked_mul(x))
+        .ok_or_else(misfit)?;
+    let at = |offset: u64| usize::try_from(offset).ok()?.checked_add(data_start);
+    let (start, end) = at(d.data_offsets.0)
+        .zip(at(d.data_offsets.1))
+        .ok_or_else(misfit)?;
     if end < start || end - start != bytes || end > len {
-        return Err(format!(
-            "{name}: its bytes do not fit its shape or the payload"
-        ));
+        return Err(misfit());
     }
     let (prefix, last) = name.rsplit_once('.').unwrap_or(("", name));
     let transposed = stored.len() == 2 && last == "weight" && prefix != "embed_tokens";
@@ -364,5 +366,8 @@ mod tests {
             Layout::read(b"not a payload"),
             Err(PatchError::Read(_))
         ));
+        // Tensors the metadata places past the end: refused, by name.
+        let cut = &bf16s[..bf16s.len() / 2];
+        assert!(matches!(Layout::read(cut), Err(PatchError::Read(m)) if m.contains("do not fit")));
     }
 }
