@@ -25,6 +25,8 @@ use std::{sync::Arc, time::Instant};
 
 use bapo_actor::subscription::{self, Versioned};
 use bapo_learner::broadcast::WeightHub;
+
+use super::hub::Served;
 use bapo_policy::{
     ModelConfig, Precision, burn::prelude::*, delta, hf_layout::Layout, model::Transformer,
     weights::Encoding,
@@ -252,17 +254,8 @@ async fn measure(
     serving: bool,
 ) -> anyhow::Result<Row> {
     let hub = WeightHub::new().with_deltas(mode.deltas);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut server_stop = stop_rx.clone();
-    let server = tokio::spawn(bapo_learner::server::serve(
-        hub.clone(),
-        listener,
-        async move {
-            let _ = server_stop.wait_for(|s| *s).await;
-        },
-    ));
+    let Served { url, stop, server } = super::hub::serve(&hub).await?;
+    let stop_rx = stop.subscribe();
     let mut held = Vec::new();
     for i in 0..n {
         held.push(subscribe(&url, i, serving, stop_rx.clone()));
@@ -285,7 +278,7 @@ async fn measure(
             bytes.push(delta.map_or(p.payload.len(), |l| l.delta.len()) as f64);
         }
     }
-    let _ = stop_tx.send(true);
+    let _ = stop.send(true);
     hub.close();
     let _ = server.await;
     Ok(Row {

@@ -12,6 +12,7 @@ pub mod actors;
 pub mod broadcast;
 pub mod buffer;
 pub mod episodes;
+mod hub;
 mod latency;
 pub mod learner;
 pub mod model;

@@ -17,6 +17,8 @@ use bapo_actor::{
     vllm::{self, VllmConfig},
 };
 use bapo_learner::broadcast::WeightHub;
+
+use super::hub::Served;
 use bapo_policy::{
     ModelConfig, Policy, Precision, burn::prelude::*, hf, model::Transformer,
     tokenizer::TextTokenizer, weights::Encoding,
@@ -76,17 +78,8 @@ async fn measure(
     TextTokenizer::char_level().save(&dir.path().join("tokenizer.json"))?;
 
     let hub = WeightHub::new().with_deltas(true);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut server_stop = stop_rx.clone();
-    let server = tokio::spawn(bapo_learner::server::serve(
-        hub.clone(),
-        listener,
-        async move {
-            let _ = server_stop.wait_for(|s| *s).await;
-        },
-    ));
+    let Served { url, stop, server } = super::hub::serve(&hub).await?;
+    let stop_rx = stop.subscribe();
     let (cell_tx, cell_rx) = watch::channel(None);
     let mut held = cell_tx.subscribe();
     let target = Target {
@@ -129,7 +122,7 @@ async fn measure(
             serving: t0.elapsed().as_secs_f64(),
         });
     }
-    let _ = stop_tx.send(true);
+    let _ = stop.send(true);
     hub.close();
     let _ = server.await;
     // The server the actor started ends with its background task.
