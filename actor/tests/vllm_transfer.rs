@@ -101,7 +101,7 @@ fn broadcast(p: &Policy) -> (Wire, Policy) {
     let header = WeightsHeader {
         policy_version: 0,
         payload_len: wire.payload.len() as u64,
-        crc32: wire.crc,
+        crc32: crc32fast::hash(&wire.payload),
     };
     let fresh = Transformer::init(&p.config, &p.device());
     let model = weights::decode_as(&header, Encoding::Bf16, wire.payload.clone(), fresh).unwrap();

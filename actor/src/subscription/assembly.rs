@@ -100,7 +100,7 @@ impl Assembly {
     /// A whole model's payload, verified against its header and handed
     /// on as it came: no model is built ([`super::Form::Wire`]).
     pub fn into_wire(self) -> Result<Versioned, TransferError> {
-        let (header, encoding, _, config) = self.checked()?;
+        let (header, _, _, config) = self.checked()?;
         let version = self.update.version;
         header
             .verify(&self.payload)
@@ -113,8 +113,6 @@ impl Assembly {
             incarnation: self.update.incarnation,
             weights: Weights::Wire(Box::new(Wire {
                 config,
-                encoding,
-                crc: header.crc32,
                 payload: self.payload,
             })),
         })

@@ -64,12 +64,11 @@ pub enum Weights {
     Wire(Box<Wire>),
 }
 
-/// A whole model's payload, checked against its header's CRC32.
+/// A whole model's payload, checked against its header's CRC32 (the
+/// payload names its own dtype, `bapo_policy::hf_layout` reads it).
 #[derive(Debug)]
 pub struct Wire {
     pub config: ModelConfig,
-    pub encoding: Encoding,
-    pub crc: u32,
     pub payload: Vec<u8>,
 }
 
@@ -91,11 +90,9 @@ impl Wire {
         model: &Transformer,
         encoding: Encoding,
     ) -> Result<Self, WeightsError> {
-        let (header, payload) = weights::encode_as(model, 0, encoding)?;
+        let (_, payload) = weights::encode_as(model, 0, encoding)?;
         Ok(Self {
             config: config.clone(),
-            encoding,
-            crc: header.crc32,
             payload: payload.to_vec(),
         })
     }
