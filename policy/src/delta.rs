@@ -66,24 +66,13 @@ pub fn diff_known(
     }
     let mut body = Vec::new();
     let (mut last, mut count) = (0u64, 0u64);
-    // Equal blocks are skipped whole (a vectorised compare): most of the
-    // weights do not change from one step to the next.
-    const BLOCK: usize = 64;
-    for (b, (bb, nb)) in base.chunks(BLOCK).zip(new.chunks(BLOCK)).enumerate() {
-        if bb == nb {
-            continue;
-        }
-        let first = (b * BLOCK / word) as u64;
-        for (i, (bw, nw)) in bb.chunks_exact(word).zip(nb.chunks_exact(word)).enumerate() {
-            if bw != nw {
-                let index = first + i as u64;
-                put_varint(&mut body, index - last);
-                body.extend_from_slice(nw);
-                last = index;
-                count += 1;
-            }
-        }
-    }
+    each_changed_word(base, new, word, |index, nw| {
+        let index = index as u64;
+        put_varint(&mut body, index - last);
+        body.extend_from_slice(nw);
+        last = index;
+        count += 1;
+    });
     let mut out = Vec::with_capacity(HEADER + body.len());
     out.extend_from_slice(&MAGIC);
     out.push(word as u8);
@@ -93,6 +82,31 @@ pub fn diff_known(
     out.extend_from_slice(&count.to_le_bytes());
     out.extend_from_slice(&body);
     Ok(out)
+}
+
+/// Calls `each(index, new word)`, in ascending order, for every word of
+/// `word` bytes whose bits differ between `base` and `new` (of one
+/// length). Equal blocks are skipped whole (a vectorised compare): most of
+/// the weights do not change from one step to the next. Shared by deltas
+/// and engine patches ([`crate::hf_patch`]).
+pub(crate) fn each_changed_word(
+    base: &[u8],
+    new: &[u8],
+    word: usize,
+    mut each: impl FnMut(usize, &[u8]),
+) {
+    const BLOCK: usize = 64;
+    for (b, (bb, nb)) in base.chunks(BLOCK).zip(new.chunks(BLOCK)).enumerate() {
+        if bb == nb {
+            continue;
+        }
+        let first = b * BLOCK / word;
+        for (i, (bw, nw)) in bb.chunks_exact(word).zip(nb.chunks_exact(word)).enumerate() {
+            if bw != nw {
+                each(first + i, nw);
+            }
+        }
+    }
 }
 
 /// The payload `delta` builds from `base`, checked against both CRCs.

@@ -39,29 +39,18 @@ pub struct Patch {
 }
 
 /// Flat indices (little-endian i64 bytes, element `i` at `index(i)`) and
-/// new values of the elements of `word` bytes whose bits differ. Equal
-/// blocks are skipped whole (a vectorised compare): after a small step
-/// most elements are unchanged.
+/// new values of the elements of `word` bytes whose bits differ.
 pub(crate) fn changed_elements(
     old: &[u8],
     new: &[u8],
     word: usize,
     index: impl Fn(usize) -> usize,
 ) -> (Vec<u8>, Vec<u8>) {
-    const BLOCK: usize = 64;
     let (mut idx, mut val) = (Vec::new(), Vec::new());
-    for (b, (ob, nb)) in old.chunks(BLOCK).zip(new.chunks(BLOCK)).enumerate() {
-        if ob == nb {
-            continue;
-        }
-        let first = b * BLOCK / word;
-        for (i, (o, n)) in ob.chunks_exact(word).zip(nb.chunks_exact(word)).enumerate() {
-            if o != n {
-                idx.extend_from_slice(&(index(first + i) as i64).to_le_bytes());
-                val.extend_from_slice(n);
-            }
-        }
-    }
+    crate::delta::each_changed_word(old, new, word, |i, w| {
+        idx.extend_from_slice(&(index(i) as i64).to_le_bytes());
+        val.extend_from_slice(w);
+    });
     (idx, val)
 }
 
