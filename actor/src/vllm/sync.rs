@@ -34,7 +34,7 @@ use std::{
 };
 
 use anyhow::Context;
-use bapo_policy::hf_layout::Layout;
+use bapo_policy::{hf_layout::Layout, hf_patch::Patch};
 use metrics::{counter, histogram};
 use tokio::sync::watch;
 
@@ -342,25 +342,29 @@ impl Loader {
         if !self.transfer_ready().await {
             return Ok(false);
         }
-        let (Weights::Wire(old), Weights::Wire(new)) = (&held.weights, &v.weights) else {
-            return Ok(false);
-        };
-        let layout = Layout::read(&new.payload)?;
-        let patch = layout.patch(&old.payload, &new.payload)?;
-        // Indices and values of most elements: larger than the weights.
-        if patch.bytes.len() >= new.payload.len() {
-            return Ok(false);
-        }
         let dir = self.weights_dir.join(format!(".tmp-{name}"));
         let file = std::path::absolute(dir.join("patch.safetensors"))?;
-        let (f, d, bytes) = (file.clone(), dir.clone(), patch.bytes);
-        let size = bytes.len();
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let (f, d, new) = (file.clone(), dir.clone(), v.clone());
+        // A compare of two payloads and a file write: off the runtime.
+        let patch = tokio::task::spawn_blocking(move || -> anyhow::Result<Option<Patch>> {
+            let (Weights::Wire(old), Weights::Wire(new)) = (&held.weights, &new.weights) else {
+                return Ok(None);
+            };
+            let patch = Layout::read(&new.payload)?.patch(&old.payload, &new.payload)?;
+            // Indices and values of most elements: larger than the weights.
+            if patch.bytes.len() >= new.payload.len() {
+                return Ok(None);
+            }
             let _ = std::fs::remove_dir_all(&d);
             std::fs::create_dir_all(&d)?;
-            std::fs::write(&f, bytes)
+            std::fs::write(&f, &patch.bytes)?;
+            Ok(Some(patch))
         })
         .await??;
+        let Some(patch) = patch else {
+            return Ok(false);
+        };
+        let size = patch.bytes.len();
         counter!(names::ENGINE_PATCH_BYTES).increment(size as u64);
         let applied = self.swap(Load::Patch(&file), name).await;
         let _ = std::fs::remove_dir_all(&dir);
@@ -541,6 +545,20 @@ mod tests {
             assert!(loader.load_full(&version(v)).await.is_err());
             assert_eq!(versions_in(dir.path()), [label(1, v)], "after v{v}");
         }
+    }
+
+    /// An actor killed while a patch was being written or applied leaves
+    /// its `.tmp-<label>/patch.safetensors`; the restarted actor's first
+    /// load (from a file) removes it.
+    #[tokio::test]
+    async fn a_patch_left_by_a_killed_actor_goes_at_the_next_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let left = dir.path().join(format!(".tmp-{}", label(1, 9)));
+        std::fs::create_dir_all(&left).unwrap();
+        std::fs::write(left.join("patch.safetensors"), b"half").unwrap();
+        let mut loader = unanswered(dir.path());
+        assert!(loader.load_full(&version(10)).await.is_err());
+        assert_eq!(versions_in(dir.path()), [label(1, 10)]);
     }
 
     /// An actor started alone without `lora_rank` (or with a smaller
