@@ -166,6 +166,16 @@ async fn start(reload: Reload, vocab: usize) -> Setup {
 }
 
 async fn start_with(reload: Reload, transfer: Transfer, vocab: usize) -> Setup {
+    start_configured(reload, transfer, vocab, true).await
+}
+
+/// [`start_with`], the actor's `weight_transfer` set as given.
+async fn start_configured(
+    reload: Reload,
+    transfer: Transfer,
+    vocab: usize,
+    weight_transfer: bool,
+) -> Setup {
     let fake = Arc::new(Fake {
         reload,
         transfer,
@@ -178,6 +188,7 @@ async fn start_with(reload: Reload, transfer: Transfer, vocab: usize) -> Setup {
         url,
         weights_dir: dir.path().to_path_buf(),
         reload_timeout_s: 1.0,
+        weight_transfer,
         ..Default::default()
     };
     let model = Policy::init(tiny(), &Device::flex()).model;
@@ -312,6 +323,30 @@ async fn a_later_version_goes_as_a_patch_or_else_by_reload() {
             .collect();
         assert!(left.is_empty(), "{transfer:?}: {left:?}");
     }
+}
+
+/// `actor.vllm.weight_transfer = false`: a server with a working transfer
+/// engine is never asked to set it up, and a later version is reloaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_weight_transfer_off_every_version_is_reloaded() {
+    use bapo_policy::burn::module::Module;
+    let mut setup = start_configured(Reload::Works, Transfer::Works, 32, false).await;
+    serving(&mut setup.started, 7).await;
+    let model = setup.model.clone().map(&mut NudgeNorms);
+    setup._weights.send(Some(wire(8, &model))).unwrap();
+    serving(&mut setup.started, 8).await;
+    let seen = calls(&setup.fake);
+    assert!(
+        !seen
+            .iter()
+            .any(|c| c.contains("weight_transfer") || c.starts_with("/update_weights")),
+        "{seen:#?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|c| c.contains("reload_hf_dir") && c.contains("3.8")),
+        "{seen:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
